@@ -1,0 +1,1 @@
+"""Pipeline definition, configuration and runners."""
