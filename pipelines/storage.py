@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from typing import NamedTuple
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -27,8 +28,17 @@ def join(*parts: str) -> str:
     return posixpath.join(*parts) if "://" in parts[0] else FileSystems.join(*parts)
 
 
-def list_files(pattern: str) -> list[str]:
-    """Paths matching a glob, sorted. Raises StorageError naming the pattern when the store fails."""
+class FileInfo(NamedTuple):
+    path: str
+    size: int
+    mtime: float
+
+
+def list_file_infos(pattern: str) -> list[FileInfo]:
+    """Files matching a glob (`*` stays within a folder, `**` crosses folders), sorted by path.
+
+    Raises StorageError naming the pattern when the store cannot be read.
+    """
     try:
         result = FileSystems.match([pattern])[0]
     except Exception as e:  # Beam wraps boto3 errors in several exception types
@@ -36,7 +46,12 @@ def list_files(pattern: str) -> list[str]:
             f"cannot list {pattern}: {e}. Check that the object store is running and that "
             "AWS_ENDPOINT_URL_S3 / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are set."
         ) from e
-    return sorted(m.path for m in result.metadata_list)
+    infos = (FileInfo(m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in result.metadata_list)
+    return sorted(infos)
+
+
+def list_files(pattern: str) -> list[str]:
+    return [info.path for info in list_file_infos(pattern)]
 
 
 def numbered_children(parent: str, prefix: str = "") -> dict[int, str]:

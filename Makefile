@@ -1,0 +1,66 @@
+# `make run` runs the whole pipeline locally; `make test` runs the test suite. Both create the
+# virtual environment (.venv, Python 3.10, from requirements.lock) on first use.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+UV_VERSION := 0.13.8
+ARGS ?=
+
+.PHONY: venv run test lint format add-span store lock clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	@set -euo pipefail; \
+	py="$${PYTHON310:-}"; \
+	if [ -z "$$py" ]; then \
+	  for candidate in python3.10 /usr/bin/python3.10 /usr/local/bin/python3.10 \
+	      $$(pyenv versions --bare 2>/dev/null | grep -E '^3\.10(\.|$$)' | sed "s|^|$$(pyenv root 2>/dev/null)/versions/|; s|$$|/bin/python3.10|"); do \
+	    if "$$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 10)' >/dev/null 2>&1; then \
+	      py="$$(command -v "$$candidate")"; break; fi; \
+	  done; \
+	fi; \
+	if [ -z "$$py" ]; then \
+	  echo "error: no Python 3.10 found (TFX 1.16 needs Python 3.10)." >&2; \
+	  echo "Install Python 3.10 (e.g. 'pyenv install 3.10.13') or set PYTHON310=/path/to/python3.10." >&2; \
+	  exit 1; \
+	fi; \
+	uv="$$(command -v uv || true)"; \
+	if [ -z "$$uv" ]; then \
+	  echo "Installing uv $(UV_VERSION) into .work/uv ..."; \
+	  python3 -m venv .work/uv && .work/uv/bin/pip install --quiet uv==$(UV_VERSION); \
+	  uv=.work/uv/bin/uv; \
+	fi; \
+	echo "Creating $(VENV) with $$py from requirements.lock ..."; \
+	"$$uv" venv --quiet --allow-existing --python "$$py" $(VENV); \
+	"$$uv" pip sync --python $(PY) requirements.lock; \
+	"$$uv" pip install --quiet --python $(PY) --no-deps -e .; \
+	touch $@
+
+run: venv
+	$(PY) -m pipelines.cli run $(ARGS)
+
+add-span: venv
+	$(PY) -m pipelines.cli add-span $(ARGS)
+
+store: venv
+	$(PY) -m pipelines.cli store $(ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check pipelines components tests
+	$(VENV)/bin/ruff format --check pipelines components tests
+
+format: venv
+	$(VENV)/bin/ruff check --fix pipelines components tests
+	$(VENV)/bin/ruff format pipelines components tests
+
+test: lint
+	$(PY) -m pytest -q $(ARGS)
+
+# Re-resolve the lock after changing pyproject.toml (needs uv on PATH).
+lock:
+	uv pip compile pyproject.toml --extra dev --python-version 3.10 \
+	  --python-platform x86_64-manylinux_2_28 -o requirements.lock
+
+clean:
+	rm -rf .work

@@ -1,0 +1,87 @@
+"""The last blessed model, found in the serving directory rather than by a Resolver node.
+
+Open-source Kubeflow Pipelines rejects TFX's resolver tasks, so the Evaluator's baseline is found
+by an ordinary step: the highest numbered version under `<serving_root>/<model_name>/` is the last
+model that passed evaluation and was pushed. Its files are copied into this step's Model artifact,
+so the Evaluator reads a normal local or pipeline-root artifact under every runner.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tfx import types
+from tfx.components import Evaluator
+from tfx.components.evaluator import executor as evaluator_executor
+from tfx.dsl.components.base import base_component, base_executor, executor_spec
+from tfx.types import artifact_utils, component_spec, standard_artifacts
+from tfx.utils import path_utils
+
+from pipelines import storage
+
+BASELINE_VERSION_KEY = "baseline_version"
+NO_BASELINE = -1
+
+
+def pushed_versions(serving_model_dir: str) -> dict[int, str]:
+    """Complete pushed versions (saved_model.pb is written last) by number."""
+    return {
+        version: path
+        for version, path in storage.numbered_children(serving_model_dir).items()
+        if storage.list_files(path + "saved_model.pb")
+    }
+
+
+class LatestPushedModelExecutor(base_executor.BaseExecutor):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
+        baseline = artifact_utils.get_single_instance(output_dict["baseline_model"])
+        versions = pushed_versions(exec_properties["serving_model_dir"])
+        if not versions:
+            logging.info("No pushed model yet: the candidate is evaluated without a baseline.")
+            baseline.set_int_custom_property(BASELINE_VERSION_KEY, NO_BASELINE)
+            return
+        version = max(versions)
+        count = storage.copy_tree(versions[version], path_utils.serving_model_path(baseline.uri))
+        logging.info("Baseline: pushed version %d (%d files) from %s", version, count, versions[version])
+        baseline.set_int_custom_property(BASELINE_VERSION_KEY, version)
+        baseline.set_string_custom_property("source_uri", versions[version])
+
+
+class LatestPushedModelSpec(types.ComponentSpec):
+    PARAMETERS = {"serving_model_dir": component_spec.ExecutionParameter(type=str)}
+    # The candidate is an input only to order this step after training and to re-run it for each
+    # new candidate; its files are not read.
+    INPUTS = {"model": component_spec.ChannelParameter(type=standard_artifacts.Model)}
+    OUTPUTS = {"baseline_model": component_spec.ChannelParameter(type=standard_artifacts.Model)}
+
+
+class LatestPushedModel(base_component.BaseComponent):
+    SPEC_CLASS = LatestPushedModelSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(LatestPushedModelExecutor)
+
+    def __init__(self, model: types.BaseChannel, serving_model_dir: str | types.RuntimeParameter):
+        super().__init__(
+            spec=LatestPushedModelSpec(
+                model=model,
+                serving_model_dir=serving_model_dir,
+                baseline_model=types.Channel(type=standard_artifacts.Model),
+            )
+        )
+
+
+class BaselineAwareEvaluatorExecutor(evaluator_executor.Executor):
+    """Drops a baseline artifact that holds no model, so the first run evaluates without one."""
+
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
+        baselines = input_dict.get("baseline_model") or []
+        input_dict = dict(input_dict)
+        input_dict["baseline_model"] = [
+            b for b in baselines if b.get_int_custom_property(BASELINE_VERSION_KEY) != NO_BASELINE
+        ]
+        if not input_dict["baseline_model"]:
+            del input_dict["baseline_model"]
+        super().Do(input_dict, output_dict, exec_properties)
+
+
+class BaselineAwareEvaluator(Evaluator):
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(BaselineAwareEvaluatorExecutor)

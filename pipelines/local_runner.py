@@ -1,0 +1,146 @@
+"""Runs `create_pipeline(config)` with TFX's LocalDagRunner and reports what happened.
+
+A thin shell: it provides the object store (embedded SeaweedFS unless one is configured), makes
+sure there is data, runs the pipeline, and reads the outcome back from ML Metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipelines import data, storage
+from pipelines.config import WORK_DIR, PipelineConfig
+from pipelines.object_store import EmbeddedObjectStore
+
+
+
+@dataclasses.dataclass
+class StepResult:
+    name: str
+    state: str
+    seconds: float
+
+
+@dataclasses.dataclass
+class RunSummary:
+    steps: list[StepResult]
+    span: int | None = None
+    metrics: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    blessed: bool | None = None
+    validation_failures: list[str] = dataclasses.field(default_factory=list)
+    baseline_version: int | None = None
+    pushed_path: str | None = None
+
+
+def s3_buckets(config: PipelineConfig) -> set[str]:
+    roots = (config.data_root, config.serving_root, config.pipeline_root)
+    return {root[len("s3://") :].split("/")[0] for root in roots if root.startswith("s3://")}
+
+
+@contextlib.contextmanager
+def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[str]:
+    """Yields the S3 endpoint: the configured one, or an embedded SeaweedFS started for the run."""
+    if os.environ.get("AWS_ENDPOINT_URL_S3") or not s3_buckets(config):
+        yield os.environ.get("AWS_ENDPOINT_URL_S3", "(no S3 paths configured)")
+        return
+    store = EmbeddedObjectStore(WORK_DIR / "seaweedfs")
+    print(f"Starting embedded object store (SeaweedFS) in {store.data_dir} ...", flush=True)
+    started = time.monotonic()
+    store.start()
+    print(f"  listening at {store.endpoint} ({time.monotonic() - started:.1f} s)", flush=True)
+    try:
+        for bucket in sorted(s3_buckets(config)):
+            store.create_bucket(bucket)
+        yield store.endpoint
+    finally:
+        if keep:
+            print(f"Object store left running at {store.endpoint} (pid {store.process.pid}).")
+            store.process = None  # stop() leaves it alone
+        else:
+            store.stop()
+            os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+
+
+def ensure_data(config: PipelineConfig) -> None:
+    """Writes span 0 when the data root holds no spans, so a first run has something to train on."""
+    if data.existing_spans(config.data_root):
+        return
+    print(f"No data under {config.data_root}: generating span 0 ({config.rows_per_span} rows) ...")
+    data.write_span(config.data_root, 0, config.rows_per_span, seed=config.seed, drift=config.drift)
+
+
+class _ProgressHandler(logging.Handler):
+    """Turns LocalDagRunner's log lines into one progress line per step."""
+
+    _pattern = re.compile(r"Component (\S+) is (running|finished)\.")
+
+    def __init__(self, total: int):
+        super().__init__(logging.INFO)
+        self.total, self.done, self.started, self.seconds = total, 0, {}, {}
+        self.run_start = time.monotonic()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = self._pattern.match(record.getMessage())
+        if not match:
+            return
+        node, event = match.groups()
+        now = time.monotonic()
+        if event == "running":
+            self.started[node] = now
+            print(f"[{self.done + 1}/{self.total}] {node} ...", flush=True)
+        else:
+            self.done += 1
+            took = self.seconds[node] = now - self.started.get(node, now)
+            print(f"[{self.done}/{self.total}] {node} done in {took:.1f} s "
+                  f"(run so far {now - self.run_start:.0f} s)", flush=True)  # fmt: skip
+
+
+def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSummary:
+    """Runs the pipeline once with LocalDagRunner (store and data must be in place)."""
+    from tfx import v1 as tfx  # heavy import (~20 s): only when a run is asked for
+
+    from pipelines.pipeline import create_pipeline
+
+    pipeline = create_pipeline(
+        config,
+        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
+            config.metadata_path
+        ),
+    )
+    Path(config.metadata_path).parent.mkdir(parents=True, exist_ok=True)
+    progress = _ProgressHandler(total=len(pipeline.components))
+    root = logging.getLogger()
+    file_handler = None
+    if log_path:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(log_path)
+        file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(file_handler)
+    # INFO goes to the log file only: the console gets the progress lines and warnings.
+    console_levels = {h: h.level for h in root.handlers}
+    for handler in root.handlers:
+        handler.setLevel(max(handler.level, logging.WARNING))
+    root.addHandler(progress)
+    previous_level = root.level
+    root.setLevel(logging.INFO)
+    started = time.time()
+    try:
+        tfx.orchestration.LocalDagRunner().run(pipeline)
+    finally:
+        root.removeHandler(progress)
+        if file_handler:
+            root.removeHandler(file_handler)
+            file_handler.close()
+        for handler, level in console_levels.items():
+            handler.setLevel(level)
+        root.setLevel(previous_level)
+    from pipelines.run_summary import read_summary
+
+    return read_summary(config, since=started, seconds=progress.seconds)

@@ -1,0 +1,145 @@
+"""run_fn end to end on a tiny, really transformed data set; plus the device decisions."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_transform as tft
+from sklearn.metrics import roc_auc_score
+from tfx.components.trainer import fn_args_utils
+from tfx.components.util import tfxio_utils
+from tfx.types import artifact_utils, standard_artifacts
+
+from components import features, model
+from pipelines import data
+
+TRAIN_ROWS, EVAL_ROWS = 500, 300
+EPOCHS = 3
+
+
+def _write_gzip_examples(rows: list[dict], coder, path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for row in rows:
+            writer.write(coder.encode(row))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, transform_frames):
+    """Transforms generated trips as the Transform component does and runs run_fn once."""
+    tmp = tmp_path_factory.mktemp("trainer")
+    train_frame = data.generate_trips(TRAIN_ROWS, span=0)
+    eval_frame = data.generate_trips(EVAL_ROWS, span=0, seed=7)
+    graph_dir = str(tmp / "transform_graph")
+    train_rows, eval_rows = transform_frames(
+        [train_frame, eval_frame], graph_dir, temp_dir=str(tmp / "tft_tmp")
+    )
+
+    # Transformed examples laid out like Transform's output artifact: one folder per split.
+    examples = standard_artifacts.Examples()
+    examples.uri = str(tmp / "transformed_examples")
+    examples.split_names = artifact_utils.encode_split_names(["train", "eval"])
+    coder = tft.coders.ExampleProtoCoder(tft.TFTransformOutput(graph_dir).transformed_metadata.schema)
+    for split, rows in (("train", train_rows), ("eval", eval_rows)):
+        path = f"{examples.uri}/Split-{split}/transformed_examples-00000-of-00001.gz"
+        _write_gzip_examples(rows, coder, path)
+
+    fn_args = fn_args_utils.FnArgs(
+        train_files=[f"{examples.uri}/Split-train/*"],
+        eval_files=[f"{examples.uri}/Split-eval/*"],
+        transform_output=graph_dir,
+        serving_model_dir=str(tmp / "serving_model"),
+        model_run_dir=str(tmp / "model_run"),
+        train_steps=30,
+        eval_steps=5,
+        custom_config={"epochs": EPOCHS, "learning_rate": 0.01},
+        data_accessor=fn_args_utils.DataAccessor(
+            tf_dataset_factory=tfxio_utils.get_tf_dataset_factory_from_artifact(
+                [examples], ["Trainer"]
+            ),
+            record_batch_factory=None,
+            data_view_decode_fn=None,
+        ),
+    )
+    model.run_fn(fn_args)
+    return fn_args, eval_frame
+
+
+def test_exported_model_scores_raw_examples(trained, to_examples):
+    fn_args, eval_frame = trained
+    loaded = tf.saved_model.load(fn_args.serving_model_dir)
+    serve = loaded.signatures["serving_default"]
+    outputs = serve(examples=tf.constant(to_examples(eval_frame, with_label=False)))
+    probabilities = outputs["outputs"].numpy()
+    assert outputs["outputs"].dtype == tf.float32
+    assert probabilities.shape == (EVAL_ROWS, 1)
+    assert ((probabilities > 0) & (probabilities < 1)).all()
+    # The generator's label is learnable: payment type alone separates most of it.
+    auc = roc_auc_score(eval_frame[features.LABEL_KEY], probabilities[:, 0])
+    print("AUC", auc)
+    assert auc > 0.75, auc
+
+
+def test_exported_transform_features_signature(trained, to_examples):
+    fn_args, eval_frame = trained
+    loaded = tf.saved_model.load(fn_args.serving_model_dir)
+    transformed = loaded.signatures["transform_features"](
+        examples=tf.constant(to_examples(eval_frame.head(4)))
+    )
+    np.testing.assert_array_equal(
+        transformed[features.LABEL_KEY].numpy(), eval_frame[features.LABEL_KEY].head(4)
+    )
+    assert transformed[features.transformed_name("trip_miles")].shape == (4,)
+
+
+def test_tensorboard_logs_and_epoch_checkpoints(trained):
+    fn_args, _ = trained
+    logs = tf.io.gfile.glob(f"{fn_args.model_run_dir}/logs/*/events.out.tfevents.*")
+    assert {os.path.basename(os.path.dirname(p)) for p in logs} == {"train", "validation"}
+    latest = tf.train.latest_checkpoint(f"{fn_args.model_run_dir}/checkpoints")
+    assert latest.endswith(model.CHECKPOINT_NAME.format(epoch=EPOCHS))
+
+
+# The test machine has no GPU, so GPUs are faked at the device-list boundary: choose_strategy
+# takes the visible devices as an argument. MirroredStrategy only names its devices when built,
+# so it can be constructed for GPUs that aren't there as long as nothing runs on them.
+
+
+@pytest.mark.parametrize(
+    ("num_gpus", "kind"), [(0, "cpu"), (1, "gpu"), (2, "mirrored"), (8, "mirrored")]
+)
+def test_strategy_kind(num_gpus, kind):
+    assert model.strategy_kind(num_gpus) == kind
+
+
+def test_choose_strategy_without_gpus_uses_the_cpu():
+    strategy = model.choose_strategy(gpus=[])
+    assert isinstance(strategy, tf.distribute.OneDeviceStrategy)
+    assert strategy.extended.worker_devices[0].endswith("CPU:0")
+
+
+def test_choose_strategy_with_two_fake_gpus_mirrors():
+    """Boundary: a fake device list; the strategy is built but never runs anything."""
+    strategy = model.choose_strategy(gpus=["fake-gpu-0", "fake-gpu-1"])
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    assert [d[-5:] for d in strategy.extended.worker_devices] == ["GPU:0", "GPU:1"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "num_gpus", "expected"),
+    [
+        ("auto", 0, False),
+        ("auto", 1, True),
+        ("auto", 4, True),
+        ("on", 0, True),
+        ("off", 1, False),
+    ],
+)
+def test_use_mixed_precision(setting, num_gpus, expected):
+    assert model.use_mixed_precision(setting, num_gpus) is expected
+
+
+def test_use_mixed_precision_rejects_unknown_setting():
+    with pytest.raises(ValueError, match="mixed_precision"):
+        model.use_mixed_precision("fp16", 1)

@@ -1,0 +1,126 @@
+"""preprocessing_fn run through tf.Transform's real Beam implementation on generated trips."""
+
+import datetime
+
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from components import features, preprocessing
+from pipelines import data
+
+xf = features.transformed_name
+NUM_ROWS = 200
+
+
+@pytest.fixture(scope="module")
+def frame() -> pd.DataFrame:
+    return data.generate_trips(NUM_ROWS, span=0)
+
+
+@pytest.fixture(scope="module")
+def transformed(frame, transform_frames, tmp_path_factory):
+    """(transformed rows as a dict of numpy columns, transform graph dir)."""
+    tmp = tmp_path_factory.mktemp("transform")
+    graph_dir = str(tmp / "transform_graph")
+    (rows,) = transform_frames([frame], graph_dir, temp_dir=str(tmp / "tmp"))
+    assert len(rows) == NUM_ROWS
+    return {key: np.array([row[key] for row in rows]) for key in rows[0]}, graph_dir
+
+
+def test_outputs_are_exactly_the_model_features_and_label(transformed):
+    columns, transform_dir = transformed
+    expected = set(preprocessing.NUMERIC_FEATURES) | set(preprocessing.CATEGORICAL_FEATURES)
+    assert set(columns) == expected | {features.LABEL_KEY}
+    # The Trainer reads the transformed schema: every feature is a dense scalar per example.
+    spec = tft.TFTransformOutput(transform_dir).transformed_feature_spec()
+    for key in preprocessing.NUMERIC_FEATURES:
+        assert spec[key] == tf.io.FixedLenFeature([], tf.float32), key
+    for key in [*preprocessing.CATEGORICAL_FEATURES, features.LABEL_KEY]:
+        assert spec[key] == tf.io.FixedLenFeature([], tf.int64), key
+
+
+@pytest.mark.parametrize("key", features.NUMERIC_FEATURE_KEYS)
+def test_numeric_features_are_z_scored(transformed, frame, key):
+    values = transformed[0][xf(key)]
+    assert abs(values.mean()) < 1e-4
+    assert values.std() == pytest.approx(1.0, abs=1e-3)
+    # Scaling is monotone: the order of the raw values is kept.
+    np.testing.assert_array_equal(np.argsort(values, kind="stable"), np.argsort(
+        frame[key].to_numpy(), kind="stable"
+    ))
+
+
+def test_trip_miles_quantile_buckets(transformed, frame):
+    buckets = transformed[0][xf(preprocessing.BUCKET_KEY)]
+    assert buckets.min() == 0 and buckets.max() == features.NUM_BUCKETS - 1
+    # Quantile buckets hold roughly equal shares and grow with the distance.
+    assert np.bincount(buckets).max() < 2 * NUM_ROWS / features.NUM_BUCKETS
+    miles = frame[features.BUCKET_FEATURE_KEY].to_numpy()
+    assert all(np.diff([miles[buckets == b].mean() for b in range(features.NUM_BUCKETS)]) > 0)
+
+
+def test_vocabularies(transformed, frame):
+    columns, transform_dir = transformed
+    output = tft.TFTransformOutput(transform_dir)
+    for key in features.CATEGORICAL_STRING_KEYS:
+        ids = columns[xf(key)]
+        assert ids.min() >= 0 and ids.max() < features.VOCAB_SIZE + features.OOV_SIZE
+        # The asset is findable by name and ordered by frequency.
+        vocab = [t.decode() for t in output.vocabulary_by_name(preprocessing.vocab_filename(key))]
+        counts = frame[key].value_counts()
+        assert set(vocab) == set(counts.index)
+        assert all(np.diff(counts[vocab].to_numpy()) <= 0), "not ordered by frequency"
+        known = frame[key].notna().to_numpy()
+        np.testing.assert_array_equal(ids[known], [vocab.index(v) for v in frame[key][known]])
+    payment_ids = columns[xf("payment_type")]
+    top_payment = frame["payment_type"].value_counts().index[0]
+    assert set(payment_ids[(frame["payment_type"] == top_payment).to_numpy()]) == {0}
+
+
+def test_missing_company_goes_to_oov_and_missing_area_to_zero(transformed, frame):
+    columns, _ = transformed
+    missing_company = frame["company"].isna().to_numpy()
+    assert missing_company.any()
+    num_companies = frame["company"].nunique()  # OOV ids start after the real vocabulary
+    assert set(columns[xf("company")][missing_company]) == {num_companies}
+
+    area = columns[xf("pickup_community_area")]
+    missing_area = frame["pickup_community_area"].isna().to_numpy()
+    assert missing_area.any()
+    assert set(area[missing_area]) == {0}
+    np.testing.assert_array_equal(
+        area[~missing_area], frame["pickup_community_area"][~missing_area].astype(int)
+    )
+    assert area.max() < features.COMMUNITY_AREAS
+
+
+def test_hour_and_day_match_python_datetime(transformed, frame):
+    columns, _ = transformed
+    for i in range(0, NUM_ROWS, 17):
+        when = datetime.datetime.fromtimestamp(
+            int(frame[features.TIMESTAMP_KEY][i]), tz=datetime.timezone.utc
+        )
+        assert columns[xf(preprocessing.HOUR_KEY)][i] == when.hour
+        assert columns[xf(preprocessing.DAY_KEY)][i] == when.weekday()
+    assert set(columns[xf(preprocessing.DAY_KEY)]) == set(range(features.DAYS))
+
+
+def test_label_passes_through_unchanged(transformed, frame):
+    labels = transformed[0][features.LABEL_KEY]
+    np.testing.assert_array_equal(labels, frame[features.LABEL_KEY].to_numpy())
+
+
+def test_transform_layer_on_label_less_examples_matches_beam(transformed, frame, to_examples):
+    """Serving applies the same graph to serialized examples without a label: same features."""
+    columns, transform_dir = transformed
+    output = tft.TFTransformOutput(transform_dir)
+    spec = output.raw_feature_spec()
+    spec.pop(features.LABEL_KEY)
+    raw = tf.io.parse_example(tf.constant(to_examples(frame, with_label=False)), spec)
+    served = output.transform_features_layer()(raw)
+    assert features.LABEL_KEY not in served
+    for key, values in served.items():
+        np.testing.assert_allclose(values.numpy(), columns[key], rtol=1e-5, err_msg=key)
