@@ -42,7 +42,9 @@ class LatestPushedModelExecutor(base_executor.BaseExecutor):
             return
         version = max(versions)
         count = storage.copy_tree(versions[version], path_utils.serving_model_path(baseline.uri))
-        logging.info("Baseline: pushed version %d (%d files) from %s", version, count, versions[version])
+        logging.info(
+            "Baseline: pushed version %d (%d files) from %s", version, count, versions[version]
+        )
         baseline.set_int_custom_property(BASELINE_VERSION_KEY, version)
         baseline.set_string_custom_property("source_uri", versions[version])
 

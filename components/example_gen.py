@@ -17,22 +17,23 @@ from apache_beam.io.filesystems import FileSystems
 from tfx import types
 from tfx.components.example_gen.csv_example_gen import executor as csv_executor
 from tfx.dsl.components.base import base_component, base_driver, executor_spec
-from tfx.orchestration.portable import base_driver as portable_base_driver
 from tfx.orchestration import data_types_utils
-from tfx.proto.orchestration import driver_output_pb2
+from tfx.orchestration.portable import base_driver as portable_base_driver
 from tfx.proto import example_gen_pb2
+from tfx.proto.orchestration import driver_output_pb2
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 from tfx.types.standard_component_specs import FileBasedExampleGenSpec
 from tfx.utils import proto_utils
 from tfx_bsl.coders import csv_decoder
 
 from pipelines import storage
+from pipelines.errors import ActionableError
 
 SPAN_PREFIX = "span-"
 LATEST_SPAN = -1
 
 
-class ExampleGenInputError(ValueError):
+class ExampleGenInputError(ActionableError, ValueError):
     """The input data cannot be turned into examples; the message names the file and the fix."""
 
 
@@ -57,7 +58,9 @@ def resolve_span(input_base: str, span: int) -> tuple[int, list[storage.FileInfo
 
 
 def fingerprint(files: list[storage.FileInfo]) -> str:
-    return hashlib.sha256("\n".join(f"{f.path}:{f.size}:{f.mtime}" for f in files).encode()).hexdigest()[:16]
+    return hashlib.sha256(
+        "\n".join(f"{f.path}:{f.size}:{f.mtime}" for f in files).encode()
+    ).hexdigest()[:16]
 
 
 def _check_csv_files(files: list[storage.FileInfo]) -> list[str]:
@@ -65,7 +68,9 @@ def _check_csv_files(files: list[storage.FileInfo]) -> list[str]:
     header: list[str] | None = None
     for info in files:
         if info.size == 0:
-            raise ExampleGenInputError(f"{info.path} is empty (0 bytes): remove it or write a header and rows")
+            raise ExampleGenInputError(
+                f"{info.path} is empty (0 bytes): remove it or write a header and rows"
+            )
         with FileSystems.open(info.path) as f:
             head = f.read(64 * 1024).decode("utf-8", errors="replace").splitlines()
         if len(head) < 2 or not any(line.strip() for line in head[1:]):
@@ -99,9 +104,13 @@ class _CsvFilesToExample(beam.PTransform):
         column_infos = beam.pvalue.AsSingleton(
             parsed
             | "InferColumnTypes"
-            >> beam.CombineGlobally(csv_decoder.ColumnTypeInferrer(self._columns, skip_blank_lines=True))
+            >> beam.CombineGlobally(
+                csv_decoder.ColumnTypeInferrer(self._columns, skip_blank_lines=True)
+            )
         )
-        return parsed | "ToTFExample" >> beam.ParDo(csv_executor._ParsedCsvToTfExample(), column_infos)
+        return parsed | "ToTFExample" >> beam.ParDo(
+            csv_executor._ParsedCsvToTfExample(), column_infos
+        )
 
 
 class Executor(csv_executor.Executor):
@@ -135,7 +144,9 @@ class CacheKeyDriver(base_driver.BaseDriver, portable_base_driver.BaseDriver):
     def run(self, execution_info) -> driver_output_pb2.DriverOutput:
         properties = dict(execution_info.exec_properties)
         try:
-            span, files = resolve_span(properties["input_base"], int(properties.get("span", LATEST_SPAN)))
+            span, files = resolve_span(
+                properties["input_base"], int(properties.get("span", LATEST_SPAN))
+            )
             properties["input_fingerprint"] = f"span-{span}:{fingerprint(files)}"
         except (ExampleGenInputError, storage.StorageError) as e:
             properties["input_fingerprint"] = f"unresolved:{e}"  # the executor reports the error
@@ -177,7 +188,9 @@ class SpanCsvExampleGen(base_component.BaseComponent):
         spec = SpanExampleGenSpec(
             input_base=input_base,
             input_config=proto_utils.proto_to_json(
-                example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern="*")])
+                example_gen_pb2.Input(
+                    splits=[example_gen_pb2.Input.Split(name="single_split", pattern="*")]
+                )
             ),
             output_config=proto_utils.proto_to_json(output_config),
             output_data_format=example_gen_pb2.FORMAT_TF_EXAMPLE,

@@ -60,7 +60,9 @@ def build_model(hidden_units: list[int], learning_rate: float) -> tf.keras.Model
         parts.append(inputs[name])
     for name, num_ids in preprocessing.CATEGORICAL_FEATURES.items():
         inputs[name] = tf.keras.layers.Input(shape=(1,), name=name, dtype=tf.int64)
-        embedded = tf.keras.layers.Embedding(num_ids, EMBEDDING_DIM, name=f"{name}_emb")(inputs[name])
+        embedded = tf.keras.layers.Embedding(num_ids, EMBEDDING_DIM, name=f"{name}_emb")(
+            inputs[name]
+        )
         parts.append(tf.keras.layers.Flatten()(embedded))
     x = tf.keras.layers.Concatenate()(parts)
     for units in hidden_units:
@@ -71,7 +73,10 @@ def build_model(hidden_units: list[int], learning_rate: float) -> tf.keras.Model
     model.compile(
         optimizer=tf.keras.optimizers.Adam(learning_rate),
         loss=tf.keras.losses.BinaryCrossentropy(),
-        metrics=[tf.keras.metrics.AUC(name="auc"), tf.keras.metrics.BinaryAccuracy(name="binary_accuracy")],
+        metrics=[
+            tf.keras.metrics.AUC(name="auc"),
+            tf.keras.metrics.BinaryAccuracy(name="binary_accuracy"),
+        ],
     )
     return model
 
@@ -94,6 +99,9 @@ def _restore_latest(model: tf.keras.Model, checkpoint_dir: str) -> int:
 
 
 def _export(model: tf.keras.Model, tf_transform_output, serving_model_dir: str) -> None:
+    # A layer built under mixed_float16 would cast the raw floats to half before the transform
+    # graph, which takes float32; the trained layers keep the policy they were built with.
+    tf.keras.mixed_precision.set_global_policy("float32")
     model.tft_layer = tf_transform_output.transform_features_layer()  # tracks the vocab assets
     raw_spec = tf_transform_output.raw_feature_spec()
     serving_spec = {k: v for k, v in raw_spec.items() if k != features.LABEL_KEY}
@@ -128,9 +136,7 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     steps_per_epoch = max(1, fn_args.train_steps // epochs)
     batch_size = int(config.get("batch_size", DEFAULT_BATCH_SIZE)) * strategy.num_replicas_in_sync
 
-    tf_transform_output = tft.TFTransformOutput(
-        fn_args.transform_output or fn_args.transform_graph_path
-    )
+    tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
     train = _dataset(fn_args.train_files, fn_args, tf_transform_output, batch_size)
     evaluation = _dataset(fn_args.eval_files, fn_args, tf_transform_output, batch_size)
     with strategy.scope():
@@ -141,17 +147,18 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     checkpoint_dir = os.path.join(fn_args.model_run_dir, "checkpoints")
     initial_epoch = _restore_latest(model, checkpoint_dir)
     logging.info(
-        "Training: strategy=%s devices=%s mixed_precision=%s epochs=%d (from %d) "
-        "steps_per_epoch=%d eval_steps=%s global_batch=%d",
-        type(strategy).__name__,
-        list(strategy.extended.worker_devices),
-        mixed,
-        epochs,
-        initial_epoch,
-        steps_per_epoch,
-        fn_args.eval_steps,
-        batch_size,
+        f"Training: strategy={type(strategy).__name__} devices={strategy.extended.worker_devices} "
+        f"mixed_precision={mixed} epochs={epochs} (from {initial_epoch}) steps_per_epoch="
+        f"{steps_per_epoch} eval_steps={fn_args.eval_steps} global_batch={batch_size}"
     )
+    callbacks = [
+        tf.keras.callbacks.TensorBoard(
+            os.path.join(fn_args.model_run_dir, "logs"), update_freq="epoch"
+        ),
+        tf.keras.callbacks.ModelCheckpoint(
+            os.path.join(checkpoint_dir, CHECKPOINT_NAME), save_weights_only=True
+        ),
+    ]
     model.fit(
         train,
         epochs=epochs,
@@ -159,14 +166,7 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
         steps_per_epoch=steps_per_epoch,
         validation_data=evaluation if fn_args.eval_steps else None,
         validation_steps=fn_args.eval_steps or None,
-        callbacks=[
-            tf.keras.callbacks.TensorBoard(
-                log_dir=os.path.join(fn_args.model_run_dir, "logs"), update_freq="epoch"
-            ),
-            tf.keras.callbacks.ModelCheckpoint(
-                os.path.join(checkpoint_dir, CHECKPOINT_NAME), save_weights_only=True
-            ),
-        ],
+        callbacks=callbacks,
         verbose=2,
     )
     _export(model, tf_transform_output, fn_args.serving_model_dir)

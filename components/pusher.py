@@ -32,7 +32,9 @@ class VersionedPusherExecutor(pusher_executor.Executor):
         version = max(storage.numbered_children(serving_model_dir), default=0) + 1
         serving_path = storage.join(serving_model_dir, str(version))
         if storage.list_files(serving_path + "/**"):
-            raise FileExistsError(f"{serving_path} already exists; refusing to overwrite a served version")
+            raise FileExistsError(
+                f"{serving_path} already exists; refusing to overwrite a served version"
+            )
         # saved_model.pb last: TF Serving treats a version as ready once it is there.
         count = storage.copy_tree(model_path, serving_path, last="saved_model.pb")
         logging.info("Pushed version %d (%d files) to %s", version, count, serving_path)

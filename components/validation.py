@@ -10,8 +10,10 @@ from tfx.components import ExampleValidator
 from tfx.components.example_validator import executor as validator_executor
 from tfx.dsl.components.base import executor_spec
 
+from pipelines.errors import ActionableError
 
-class DataValidationError(ValueError):
+
+class DataValidationError(ActionableError, ValueError):
     """The examples do not match the schema."""
 
 
@@ -28,7 +30,9 @@ class Executor(validator_executor.Executor):
         for outputs, anomalies in self._anomalies:
             split_dir = next(iter(outputs.values()))
             for column, info in sorted(anomalies.anomaly_info.items()):
-                problems.append(f"  column '{column}': {info.short_description}: {info.description}")
+                problems.append(
+                    f"  column '{column}': {info.short_description}: {info.description}"
+                )
             if anomalies.HasField("dataset_anomaly_info"):
                 info = anomalies.dataset_anomaly_info
                 problems.append(f"  whole data set: {info.short_description}: {info.description}")

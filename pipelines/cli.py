@@ -7,13 +7,13 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 from pipelines.config import WORK_DIR, ConfigError, PipelineConfig, parse_assignments  # noqa: E402
+from pipelines.errors import actionable_cause  # noqa: E402
 
 
 def _config(args: argparse.Namespace) -> PipelineConfig:
@@ -40,7 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             probabilities = serving.predict(served, rows)
             print(f"\nPredictions of {served} on the first rows of span {span}:")
             print(f"  {'payment_type':<12} {'fare':>7} {'miles':>6}  P(big tip)  actual")
-            for row, p in zip(rows, probabilities):
+            for row, p in zip(rows, probabilities, strict=False):
                 print(f"  {row['payment_type']:<12} {row['fare']:>7} {row['trip_miles']:>6}  "
                       f"{p:10.3f}  {row['big_tipper']}")  # fmt: skip
     print(f"\nDone in {time.monotonic() - started:.0f} s.")
@@ -68,7 +68,9 @@ def cmd_add_span(args: argparse.Namespace) -> int:
     drift = config.drift if args.drift is None else args.drift
     with local_runner.object_store(config):
         span = data.add_next_span(config.data_root, rows, seed=config.seed, drift=drift)
-    print(f"Wrote span {span} ({rows} rows, drift {drift}) to {data.span_dir(config.data_root, span)}")
+    print(
+        f"Wrote span {span} ({rows} rows, drift {drift}) to {data.span_dir(config.data_root, span)}"
+    )
     return 0
 
 
@@ -78,7 +80,8 @@ def cmd_store(args: argparse.Namespace) -> int:
     config = _config(args)
     with local_runner.object_store(config) as endpoint:
         print(f"Object store at {endpoint}; Ctrl-C stops it.")
-        print(f"  export AWS_ENDPOINT_URL_S3={endpoint} AWS_ACCESS_KEY_ID={os.environ['AWS_ACCESS_KEY_ID']} "
+        key_id = os.environ["AWS_ACCESS_KEY_ID"]
+        print(f"  export AWS_ENDPOINT_URL_S3={endpoint} AWS_ACCESS_KEY_ID={key_id} "
               "AWS_SECRET_ACCESS_KEY=<any> AWS_REGION=us-east-1")  # fmt: skip
         try:
             while True:
@@ -93,13 +96,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, handler, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                         help="override a config field (see pipelines/config.py); repeatable")  # fmt: skip
+        sub.add_argument(
+            "--set",
+            action="append",
+            metavar="FIELD=VALUE",
+            help="override a config field (pipelines/config.py); repeatable",
+        )
         sub.set_defaults(handler=handler)
         return sub
 
-    run = add("run", cmd_run, "Run the whole pipeline locally (LocalDagRunner) and show the result.")
-    run.add_argument("--keep-store", action="store_true", help="leave the embedded object store running")
+    run = add(
+        "run", cmd_run, "Run the whole pipeline locally (LocalDagRunner) and show the result."
+    )
+    run.add_argument(
+        "--keep-store", action="store_true", help="leave the embedded object store running"
+    )
     span = add("add-span", cmd_add_span, "Generate the next data span into the data root.")
     span.add_argument("--rows", type=int, help="rows in the new span (default: rows_per_span)")
     span.add_argument("--drift", type=float, help="drift strength (0: none; 1: strong)")
@@ -115,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         code = 2
     except Exception as e:  # a failed step: say which and what to do, not a 200-line trace
-        print(f"\nerror: {_describe(e)}", file=sys.stderr)
+        cause = actionable_cause(e)
+        print(f"\nerror: {type(cause).__name__}: {cause}", file=sys.stderr)
         logs = sorted((WORK_DIR / "logs").glob("run-*.log")) if (WORK_DIR / "logs").exists() else []
         if logs:
             print(f"The full log is in {logs[-1]}.", file=sys.stderr)
@@ -123,13 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
-
-
-def _describe(error: BaseException) -> str:
-    """The innermost error of a chain, where our components put the actionable message."""
-    while error.__cause__ is not None or error.__context__ is not None:
-        error = error.__cause__ or error.__context__
-    return f"{type(error).__name__}: {error}"
 
 
 if __name__ == "__main__":

@@ -13,11 +13,13 @@ import json
 import os
 from pathlib import Path
 
+from pipelines.errors import ActionableError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_DIR = Path(os.environ.get("PIPELINE_WORK_DIR", REPO_ROOT / ".work"))
 
 
-class ConfigError(ValueError):
+class ConfigError(ActionableError, ValueError):
     """A configuration value is invalid; the message names the field and the fix."""
 
 
@@ -64,7 +66,9 @@ class PipelineConfig:
         if self.span < -1:
             problems.append(f"span must be -1 (newest) or a span number, got {self.span}")
         if self.epochs > self.train_steps:
-            problems.append(f"epochs ({self.epochs}) cannot exceed train_steps ({self.train_steps})")
+            problems.append(
+                f"epochs ({self.epochs}) cannot exceed train_steps ({self.train_steps})"
+            )
         for name in ("min_auc", "min_accuracy"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name} must be between 0 and 1, got {getattr(self, name)}")
@@ -73,7 +77,9 @@ class PipelineConfig:
         if self.learning_rate <= 0:
             problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.mixed_precision not in ("auto", "on", "off"):
-            problems.append(f"mixed_precision must be auto, on or off, got {self.mixed_precision!r}")
+            problems.append(
+                f"mixed_precision must be auto, on or off, got {self.mixed_precision!r}"
+            )
         if not self.hidden_units or any(u < 1 for u in self.hidden_units):
             problems.append(f"hidden_units must be positive sizes, got {list(self.hidden_units)}")
         for name in ("data_root", "serving_root", "pipeline_name", "model_name"):
@@ -103,7 +109,9 @@ class PipelineConfig:
 def _parse(name: str, text: str):
     fields = {f.name: f for f in dataclasses.fields(PipelineConfig)}
     if name not in fields:
-        raise ConfigError(f"unknown config field {name!r}; known fields: {', '.join(sorted(fields))}")
+        raise ConfigError(
+            f"unknown config field {name!r}; known fields: {', '.join(sorted(fields))}"
+        )
     default = fields[name].default
     try:
         if isinstance(default, bool):
@@ -117,7 +125,9 @@ def _parse(name: str, text: str):
             kind = type(default[0]) if default else str
             return tuple(kind(item) for item in items if str(item).strip())
     except (ValueError, TypeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"config field {name}: cannot parse {text!r} as {type(default).__name__}") from e
+        raise ConfigError(
+            f"config field {name}: cannot parse {text!r} as {type(default).__name__}"
+        ) from e
     return text
 
 

@@ -41,7 +41,9 @@ def generate_trips(num_rows: int, span: int, seed: int = 42, drift: float = 0.0)
     timestamp = EPOCH_2024 + span * WEEK_S + rng.integers(0, WEEK_S, num_rows)
     hour = (timestamp // 3600) % 24
     miles = np.round(rng.lognormal(mean=0.7 + 0.1 * shift, sigma=0.8, size=num_rows), 2)
-    seconds = np.maximum(60, (miles * rng.normal(240, 60, num_rows) + rng.normal(180, 60, num_rows)))
+    seconds = np.maximum(
+        60, (miles * rng.normal(240, 60, num_rows) + rng.normal(180, 60, num_rows))
+    )
     fare = np.round(3.25 + 2.25 * miles + 0.004 * seconds + rng.normal(0, 1.0, num_rows), 2)
     payment = rng.choice(PAYMENT_TYPES, size=num_rows, p=weights)
     company_idx = rng.integers(0, len(COMPANIES), num_rows)

@@ -15,10 +15,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines import data, storage
+from pipelines import data
 from pipelines.config import WORK_DIR, PipelineConfig
 from pipelines.object_store import EmbeddedObjectStore
-
 
 
 @dataclasses.dataclass
@@ -121,7 +120,9 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
     if log_path:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(log_path)
-        file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        file_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
         root.addHandler(file_handler)
     # INFO goes to the log file only: the console gets the progress lines and warnings.
     console_levels = {h: h.level for h in root.handlers}

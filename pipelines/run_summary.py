@@ -30,8 +30,8 @@ def _store(config: PipelineConfig) -> metadata_store.MetadataStore:
 
 def _latest_output(store, execution_id: int) -> dict[str, metadata_store_pb2.Artifact]:
     events = store.get_events_by_execution_ids([execution_id])
-    outputs = {e.path.steps[0].key: e.artifact_id for e in events
-               if e.type in (metadata_store_pb2.Event.OUTPUT, metadata_store_pb2.Event.DECLARED_OUTPUT)}  # fmt: skip
+    kinds = (metadata_store_pb2.Event.OUTPUT, metadata_store_pb2.Event.DECLARED_OUTPUT)
+    outputs = {e.path.steps[0].key: e.artifact_id for e in events if e.type in kinds}
     artifacts = {a.id: a for a in store.get_artifacts_by_id(list(outputs.values()))}
     return {key: artifacts[artifact_id] for key, artifact_id in outputs.items()}
 
@@ -110,13 +110,19 @@ def format_summary(summary) -> str:
         lines.append(f"Data span: {summary.span}")
     overall = summary.metrics.get("overall", {})
     if overall:
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(overall.items()) if k != "example_count")
+        shown = ", ".join(
+            f"{k}={v:.4f}" for k, v in sorted(overall.items()) if k != "example_count"
+        )
         count = int(overall.get("example_count", 0))
         lines.append(f"Evaluation ({count} eval examples): {shown}")
         for name, values in sorted(summary.metrics.items()):
             if name.startswith(features.SLICE_KEY) and "auc" in values:
-                lines.append(f"  {name:<32} auc={values['auc']:.4f}  n={int(values.get('example_count', 0))}")
-    baseline = f"version {summary.baseline_version}" if summary.baseline_version else "none (first model)"
+                lines.append(
+                    f"  {name:<32} auc={values['auc']:.4f}  n={int(values.get('example_count', 0))}"
+                )
+    baseline = (
+        f"version {summary.baseline_version}" if summary.baseline_version else "none (first model)"
+    )
     lines.append(f"Compared with last blessed model: {baseline}")
     if summary.blessed is not None:
         lines.append(f"Blessed: {'yes' if summary.blessed else 'NO'}")

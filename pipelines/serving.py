@@ -46,7 +46,7 @@ def row_to_example(row: dict[str, str]) -> bytes:
 def read_rows(csv_path: str, limit: int) -> list[dict[str, str]]:
     """The first `limit` data rows of a CSV file in object storage."""
     text = storage.read_bytes(csv_path).decode()
-    return [row for _, row in zip(range(limit), csv.DictReader(io.StringIO(text)))]
+    return [row for _, row in zip(range(limit), csv.DictReader(io.StringIO(text)), strict=False)]
 
 
 def predict(model_dir: str, rows: list[dict[str, str]]) -> list[float]:

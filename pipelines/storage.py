@@ -1,4 +1,4 @@
-"""Object-storage helpers on Beam's FileSystems, so `s3://`, `gs://` and local paths share one code path.
+"""Object-storage helpers on Beam's FileSystems: `s3://`, `gs://` and local paths, one code path.
 
 Beam reads S3 through boto3, which takes its endpoint and credentials from the environment
 (`AWS_ENDPOINT_URL_S3`, `AWS_ACCESS_KEY_ID`, ...): nothing secret is passed as an argument, so
@@ -16,11 +16,13 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.errors import ActionableError
+
 if FileSystems._pipeline_options is None:  # Beam's S3 client refuses to start without options
     FileSystems.set_options(PipelineOptions([]))
 
 
-class StorageError(RuntimeError):
+class StorageError(ActionableError, RuntimeError):
     """An object store could not be reached or answered with an error."""
 
 
@@ -46,7 +48,9 @@ def list_file_infos(pattern: str) -> list[FileInfo]:
             f"cannot list {pattern}: {e}. Check that the object store is running and that "
             "AWS_ENDPOINT_URL_S3 / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are set."
         ) from e
-    infos = (FileInfo(m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in result.metadata_list)
+    infos = (
+        FileInfo(m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in result.metadata_list
+    )
     return sorted(infos)
 
 
@@ -54,8 +58,28 @@ def list_files(pattern: str) -> list[str]:
     return [info.path for info in list_file_infos(pattern)]
 
 
+def check_reachable(path: str) -> None:
+    """Fails within seconds, naming endpoint and bucket, when an `s3://` path's store does not
+    answer: Beam's own client retries with backoff for minutes before it gives up."""
+    if not path.startswith("s3://"):
+        return
+    from pipelines.object_store import s3_client
+
+    bucket = path[len("s3://") :].split("/")[0]
+    client = s3_client()
+    try:
+        client.head_bucket(Bucket=bucket)
+    except Exception as e:
+        raise StorageError(
+            f"cannot reach bucket {bucket!r} of {path} at {client.meta.endpoint_url}: {e}. "
+            "Check that the object store runs, the bucket exists, and AWS_ENDPOINT_URL_S3, "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are set for it."
+        ) from e
+
+
 def numbered_children(parent: str, prefix: str = "") -> dict[int, str]:
     """Maps N to the child folder `<parent>/<prefix>N/` for every such folder that holds files."""
+    check_reachable(parent)
     found: dict[int, str] = {}
     pattern = re.compile(re.escape(parent.rstrip("/") + "/" + prefix) + r"(\d+)/")
     for path in list_files(parent.rstrip("/") + "/" + prefix + "*/**"):
@@ -71,6 +95,17 @@ def read_bytes(path: str) -> bytes:
 
 
 def write_bytes(path: str, data: bytes) -> None:
+    """Writes one object. S3 objects go up in a single PUT: Beam's multipart upload cannot
+    write an empty object to SeaweedFS, and a single PUT never leaves a partial object behind."""
+    if path.startswith("s3://"):
+        from pipelines.object_store import s3_client
+
+        bucket, _, key = path[len("s3://") :].partition("/")
+        try:
+            s3_client().put_object(Bucket=bucket, Key=key, Body=data)
+        except Exception as e:
+            raise StorageError(f"cannot write {path}: {e}") from e
+        return
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(data)
 

@@ -12,7 +12,11 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_transform as tft  # noqa: E402
 import tensorflow_transform.beam as tft_beam  # noqa: E402
-from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, schema_utils  # noqa: E402
+from tensorflow_transform.tf_metadata import (  # noqa: E402
+    dataset_metadata,
+    metadata_io,
+    schema_utils,
+)
 
 from components import features, preprocessing  # noqa: E402
 
@@ -58,7 +62,9 @@ def frame_to_examples(frame: pd.DataFrame, with_label: bool = True) -> list[byte
             if pd.isna(value) or (key == features.LABEL_KEY and not with_label):
                 continue
             if isinstance(value, str):
-                feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+                feature[key] = tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[value.encode()])
+                )
             elif isinstance(value, float):
                 feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
             else:

@@ -1,11 +1,14 @@
 """run_fn end to end on a tiny, really transformed data set; plus the device decisions."""
 
+import logging
 import os
 
+import attr
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
+from absl import logging as absl_logging
 from sklearn.metrics import roc_auc_score
 from tfx.components.trainer import fn_args_utils
 from tfx.components.util import tfxio_utils
@@ -26,31 +29,37 @@ def _write_gzip_examples(rows: list[dict], coder, path: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, transform_frames):
-    """Transforms generated trips as the Transform component does and runs run_fn once."""
-    tmp = tmp_path_factory.mktemp("trainer")
+def transformed(tmp_path_factory, transform_frames):
+    """Generated trips transformed as the Transform component does: (graph dir, Examples, eval)."""
+    tmp = tmp_path_factory.mktemp("transform")
     train_frame = data.generate_trips(TRAIN_ROWS, span=0)
     eval_frame = data.generate_trips(EVAL_ROWS, span=0, seed=7)
     graph_dir = str(tmp / "transform_graph")
     train_rows, eval_rows = transform_frames(
         [train_frame, eval_frame], graph_dir, temp_dir=str(tmp / "tft_tmp")
     )
-
     # Transformed examples laid out like Transform's output artifact: one folder per split.
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp / "transformed_examples")
     examples.split_names = artifact_utils.encode_split_names(["train", "eval"])
-    coder = tft.coders.ExampleProtoCoder(tft.TFTransformOutput(graph_dir).transformed_metadata.schema)
+    coder = tft.coders.ExampleProtoCoder(
+        tft.TFTransformOutput(graph_dir).transformed_metadata.schema
+    )
     for split, rows in (("train", train_rows), ("eval", eval_rows)):
         path = f"{examples.uri}/Split-{split}/transformed_examples-00000-of-00001.gz"
         _write_gzip_examples(rows, coder, path)
+    return graph_dir, examples, eval_frame
 
-    fn_args = fn_args_utils.FnArgs(
+
+def _fn_args(transformed, run_dir, **overrides) -> fn_args_utils.FnArgs:
+    """FnArgs as the Trainer executor fills them in for `transformed`'s artifacts."""
+    graph_dir, examples, _ = transformed
+    args = dict(
         train_files=[f"{examples.uri}/Split-train/*"],
         eval_files=[f"{examples.uri}/Split-eval/*"],
         transform_output=graph_dir,
-        serving_model_dir=str(tmp / "serving_model"),
-        model_run_dir=str(tmp / "model_run"),
+        serving_model_dir=str(run_dir / "serving_model"),
+        model_run_dir=str(run_dir / "model_run"),
         train_steps=30,
         eval_steps=5,
         custom_config={"epochs": EPOCHS, "learning_rate": 0.01},
@@ -62,8 +71,17 @@ def trained(tmp_path_factory, transform_frames):
             data_view_decode_fn=None,
         ),
     )
+    args.update(overrides)
+    return fn_args_utils.FnArgs(**args)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, transformed):
+    """run_fn on the CPU with the default ('auto', so float32) precision; (FnArgs, eval trips)."""
+    tf.keras.utils.set_random_seed(0)
+    fn_args = _fn_args(transformed, tmp_path_factory.mktemp("trainer"))
     model.run_fn(fn_args)
-    return fn_args, eval_frame
+    return fn_args, transformed[2]
 
 
 def test_exported_model_scores_raw_examples(trained, to_examples):
@@ -77,7 +95,6 @@ def test_exported_model_scores_raw_examples(trained, to_examples):
     assert ((probabilities > 0) & (probabilities < 1)).all()
     # The generator's label is learnable: payment type alone separates most of it.
     auc = roc_auc_score(eval_frame[features.LABEL_KEY], probabilities[:, 0])
-    print("AUC", auc)
     assert auc > 0.75, auc
 
 
@@ -99,6 +116,52 @@ def test_tensorboard_logs_and_epoch_checkpoints(trained):
     assert {os.path.basename(os.path.dirname(p)) for p in logs} == {"train", "validation"}
     latest = tf.train.latest_checkpoint(f"{fn_args.model_run_dir}/checkpoints")
     assert latest.endswith(model.CHECKPOINT_NAME.format(epoch=EPOCHS))
+
+
+def _run_and_get_log_line(fn_args: fn_args_utils.FnArgs, caplog) -> str:
+    """Runs run_fn and returns its one 'Training:' log line."""
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.INFO)  # as TFX's executor entry points do
+    try:
+        with caplog.at_level(logging.INFO, logger="absl"):
+            model.run_fn(fn_args)
+    finally:
+        absl_logging.set_verbosity(verbosity)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Training:")]
+    return line
+
+
+def test_restarted_trainer_resumes_from_the_last_checkpoint(trained, tmp_path, to_examples, caplog):
+    """Same model_run_dir, as when the orchestrator retries: nothing left to train."""
+    fn_args, eval_frame = trained
+    retry = attr.evolve(fn_args, serving_model_dir=str(tmp_path / "serving_model"))
+    assert f"epochs={EPOCHS} (from {EPOCHS})" in _run_and_get_log_line(retry, caplog)
+    examples = tf.constant(to_examples(eval_frame.head(20), with_label=False))
+    first, second = (
+        tf.saved_model.load(d).signatures["serving_default"](examples=examples)["outputs"]
+        for d in (fn_args.serving_model_dir, retry.serving_model_dir)
+    )
+    np.testing.assert_allclose(first.numpy(), second.numpy(), rtol=1e-6)
+
+
+def test_mixed_precision_run_serves_float32(tmp_path, transformed, to_examples, caplog):
+    """mixed_float16 as on a GPU (slow but valid on a CPU): the export still takes raw float32."""
+    fn_args = _fn_args(
+        transformed,
+        tmp_path,
+        train_steps=2,
+        eval_steps=1,
+        custom_config={"epochs": 1, "mixed_precision": "on"},
+    )
+    line = _run_and_get_log_line(fn_args, caplog)
+    assert "strategy=OneDeviceStrategy" in line and "CPU:0" in line
+    assert "mixed_precision=True" in line and "steps_per_epoch=2" in line
+    assert tf.keras.mixed_precision.global_policy().name == "float32"  # reset for the export
+    loaded = tf.saved_model.load(fn_args.serving_model_dir)
+    outputs = loaded.signatures["serving_default"](
+        examples=tf.constant(to_examples(transformed[2].head(3), with_label=False))
+    )["outputs"]
+    assert outputs.dtype == tf.float32 and outputs.shape == (3, 1)
 
 
 # The test machine has no GPU, so GPUs are faked at the device-list boundary: choose_strategy

@@ -30,6 +30,20 @@ def transformed(frame, transform_frames, tmp_path_factory):
     return {key: np.array([row[key] for row in rows]) for key in rows[0]}, graph_dir
 
 
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        tf.constant([3, 0, 5], tf.int64),  # FixedLenFeature([])
+        tf.constant([[3], [0], [5]], tf.int64),  # FixedLenFeature([1]), as the curated schema has
+        tf.SparseTensor([[0, 0], [2, 0]], tf.constant([3, 5], tf.int64), [3, 1]),  # VarLen
+        tf.RaggedTensor.from_row_lengths(tf.constant([3, 5], tf.int64), [1, 0, 1]),
+    ],
+    ids=["dense", "dense_1", "sparse", "ragged"],
+)
+def test_to_dense_fills_missing_rows(tensor):
+    np.testing.assert_array_equal(preprocessing.to_dense(tensor, 0).numpy(), [3, 0, 5])
+
+
 def test_outputs_are_exactly_the_model_features_and_label(transformed):
     columns, transform_dir = transformed
     expected = set(preprocessing.NUMERIC_FEATURES) | set(preprocessing.CATEGORICAL_FEATURES)
@@ -48,9 +62,9 @@ def test_numeric_features_are_z_scored(transformed, frame, key):
     assert abs(values.mean()) < 1e-4
     assert values.std() == pytest.approx(1.0, abs=1e-3)
     # Scaling is monotone: the order of the raw values is kept.
-    np.testing.assert_array_equal(np.argsort(values, kind="stable"), np.argsort(
-        frame[key].to_numpy(), kind="stable"
-    ))
+    np.testing.assert_array_equal(
+        np.argsort(values, kind="stable"), np.argsort(frame[key].to_numpy(), kind="stable")
+    )
 
 
 def test_trip_miles_quantile_buckets(transformed, frame):
