@@ -19,6 +19,8 @@ from tfx.utils import path_utils
 
 from pipelines import storage
 
+_log = logging.getLogger(__name__)
+
 BASELINE_VERSION_KEY = "baseline_version"
 NO_BASELINE = -1
 
@@ -37,12 +39,12 @@ class LatestPushedModelExecutor(base_executor.BaseExecutor):
         baseline = artifact_utils.get_single_instance(output_dict["baseline_model"])
         versions = pushed_versions(exec_properties["serving_model_dir"])
         if not versions:
-            logging.info("No pushed model yet: the candidate is evaluated without a baseline.")
+            _log.info("No pushed model yet: the candidate is evaluated without a baseline.")
             baseline.set_int_custom_property(BASELINE_VERSION_KEY, NO_BASELINE)
             return
         version = max(versions)
         count = storage.copy_tree(versions[version], path_utils.serving_model_path(baseline.uri))
-        logging.info(
+        _log.info(
             "Baseline: pushed version %d (%d files) from %s", version, count, versions[version]
         )
         baseline.set_int_custom_property(BASELINE_VERSION_KEY, version)

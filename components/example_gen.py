@@ -29,6 +29,8 @@ from tfx_bsl.coders import csv_decoder
 from pipelines import storage
 from pipelines.errors import ActionableError
 
+_log = logging.getLogger(__name__)
+
 SPAN_PREFIX = "span-"
 LATEST_SPAN = -1
 
@@ -121,7 +123,7 @@ class Executor(csv_executor.Executor):
         input_base = exec_properties["input_base"]
         span, files = resolve_span(input_base, int(exec_properties.get("span", LATEST_SPAN)))
         columns = _check_csv_files(files)
-        logging.info("ExampleGen: reading span %d (%d files) from %s", span, len(files), input_base)
+        _log.info("ExampleGen: reading span %d (%d files) from %s", span, len(files), input_base)
         exec_properties = dict(
             exec_properties, _resolved_files=[f.path for f in files], _resolved_columns=columns
         )

@@ -11,11 +11,11 @@ import os
 # Transform's Keras layer and TFMA are built on Keras 2; pick it before TensorFlow is imported.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+import logging  # noqa: E402
 import re  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 import tensorflow_transform as tft  # noqa: E402
-from absl import logging  # noqa: E402
 from tfx import v1 as tfx  # noqa: E402
 from tfx_bsl.public import tfxio  # noqa: E402
 
@@ -146,7 +146,7 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
         )
     checkpoint_dir = os.path.join(fn_args.model_run_dir, "checkpoints")
     initial_epoch = _restore_latest(model, checkpoint_dir)
-    logging.info(
+    logging.getLogger(__name__).info(
         f"Training: strategy={type(strategy).__name__} devices={strategy.extended.worker_devices} "
         f"mixed_precision={mixed} epochs={epochs} (from {initial_epoch}) steps_per_epoch="
         f"{steps_per_epoch} eval_steps={fn_args.eval_steps} global_batch={batch_size}"

@@ -17,6 +17,8 @@ from tfx.utils import proto_utils
 
 from pipelines import storage
 
+_log = logging.getLogger(__name__)
+
 
 class VersionedPusherExecutor(pusher_executor.Executor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
@@ -37,7 +39,7 @@ class VersionedPusherExecutor(pusher_executor.Executor):
             )
         # saved_model.pb last: TF Serving treats a version as ready once it is there.
         count = storage.copy_tree(model_path, serving_path, last="saved_model.pb")
-        logging.info("Pushed version %d (%d files) to %s", version, count, serving_path)
+        _log.info("Pushed version %d (%d files) to %s", version, count, serving_path)
         self._MarkPushed(pushed_model, pushed_destination=serving_path, pushed_version=str(version))
 
 

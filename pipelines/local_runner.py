@@ -86,6 +86,9 @@ class _ProgressHandler(logging.Handler):
         self.run_start = time.monotonic()
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith("components."):  # our executors' own progress notes
+            print(f"      {record.getMessage()}", flush=True)
+            return
         match = self._pattern.match(record.getMessage())
         if not match:
             return

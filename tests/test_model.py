@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
-from absl import logging as absl_logging
 from sklearn.metrics import roc_auc_score
 from tfx.components.trainer import fn_args_utils
 from tfx.components.util import tfxio_utils
@@ -120,13 +119,8 @@ def test_tensorboard_logs_and_epoch_checkpoints(trained):
 
 def _run_and_get_log_line(fn_args: fn_args_utils.FnArgs, caplog) -> str:
     """Runs run_fn and returns its one 'Training:' log line."""
-    verbosity = absl_logging.get_verbosity()
-    absl_logging.set_verbosity(absl_logging.INFO)  # as TFX's executor entry points do
-    try:
-        with caplog.at_level(logging.INFO, logger="absl"):
-            model.run_fn(fn_args)
-    finally:
-        absl_logging.set_verbosity(verbosity)
+    with caplog.at_level(logging.INFO, logger="components.model"):
+        model.run_fn(fn_args)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Training:")]
     return line
 
