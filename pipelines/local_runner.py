@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,33 +75,46 @@ def ensure_data(config: PipelineConfig) -> None:
     data.write_span(config.data_root, 0, config.rows_per_span, seed=config.seed, drift=config.drift)
 
 
-class _ProgressHandler(logging.Handler):
-    """Turns LocalDagRunner's log lines into one progress line per step."""
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[dict[str, float]]:
+    """Prints a line as each step starts and ends; yields the measured wall time per step.
 
-    _pattern = re.compile(r"Component (\S+) is (running|finished)\.")
+    Wraps TFX's node launcher rather than parsing its log lines: components change absl's log
+    verbosity mid-run, which silenced a log-based progress report.
+    """
+    from tfx.orchestration.portable import launcher
 
-    def __init__(self, total: int):
-        super().__init__(logging.INFO)
-        self.total, self.done, self.started, self.seconds = total, 0, {}, {}
-        self.run_start = time.monotonic()
+    original_launch = launcher.Launcher.launch
+    seconds: dict[str, float] = {}
+    run_start = time.monotonic()
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.name.startswith("components."):  # our executors' own progress notes
-            print(f"      {record.getMessage()}", flush=True)
-            return
-        match = self._pattern.match(record.getMessage())
-        if not match:
-            return
-        node, event = match.groups()
-        now = time.monotonic()
-        if event == "running":
-            self.started[node] = now
-            print(f"[{self.done + 1}/{self.total}] {node} ...", flush=True)
-        else:
-            self.done += 1
-            took = self.seconds[node] = now - self.started.get(node, now)
-            print(f"[{self.done}/{self.total}] {node} done in {took:.1f} s "
-                  f"(run so far {now - self.run_start:.0f} s)", flush=True)  # fmt: skip
+    def launch(self):
+        node = self._pipeline_node.node_info.id
+        print(f"[{len(seconds) + 1}/{total}] {node} ...", flush=True)
+        started = time.monotonic()
+        outcome = "FAILED after"
+        try:
+            result = original_launch(self)
+            outcome = "finished in"
+            return result
+        finally:
+            now = time.monotonic()
+            seconds[node] = now - started
+            print(f"[{len(seconds)}/{total}] {node} {outcome} {seconds[node]:.1f} s "
+                  f"(run so far {now - run_start:.0f} s)", flush=True)  # fmt: skip
+
+    # Our executors' own notes (span read, baseline found, version pushed) go to the console too.
+    notes = logging.getLogger("components")
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(logging.Formatter("      %(message)s"))
+    notes.addHandler(console)
+    notes.setLevel(logging.INFO)
+    launcher.Launcher.launch = launch
+    try:
+        yield seconds
+    finally:
+        launcher.Launcher.launch = original_launch
+        notes.removeHandler(console)
 
 
 def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSummary:
@@ -117,7 +130,6 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
         ),
     )
     Path(config.metadata_path).parent.mkdir(parents=True, exist_ok=True)
-    progress = _ProgressHandler(total=len(pipeline.components))
     root = logging.getLogger()
     file_handler = None
     if log_path:
@@ -128,17 +140,16 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
         )
         root.addHandler(file_handler)
     # INFO goes to the log file only: the console gets the progress lines and warnings.
-    console_levels = {h: h.level for h in root.handlers}
-    for handler in root.handlers:
+    console_levels = {h: h.level for h in root.handlers if h is not file_handler}
+    for handler in console_levels:
         handler.setLevel(max(handler.level, logging.WARNING))
-    root.addHandler(progress)
     previous_level = root.level
     root.setLevel(logging.INFO)
     started = time.time()
     try:
-        tfx.orchestration.LocalDagRunner().run(pipeline)
+        with _progress(total=len(pipeline.components)) as seconds:
+            tfx.orchestration.LocalDagRunner().run(pipeline)
     finally:
-        root.removeHandler(progress)
         if file_handler:
             root.removeHandler(file_handler)
             file_handler.close()
@@ -147,4 +158,4 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
         root.setLevel(previous_level)
     from pipelines.run_summary import read_summary
 
-    return read_summary(config, since=started, seconds=progress.seconds)
+    return read_summary(config, since=started, seconds=seconds)
