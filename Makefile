@@ -12,17 +12,18 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	@set -euo pipefail; \
-	py="$${PYTHON310:-}"; \
-	if [ -z "$$py" ]; then \
-	  for candidate in python3.10 /usr/bin/python3.10 /usr/local/bin/python3.10 \
-	      $$(pyenv versions --bare 2>/dev/null | grep -E '^3\.10(\.|$$)' | sed "s|^|$$(pyenv root 2>/dev/null)/versions/|; s|$$|/bin/python3.10|"); do \
-	    if "$$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 10)' >/dev/null 2>&1; then \
-	      py="$$(command -v "$$candidate")"; break; fi; \
-	  done; \
+	if [ -n "$${PYTHON310:-}" ]; then candidates="$$PYTHON310"; else \
+	  candidates="python3.10 /usr/bin/python3.10 /usr/local/bin/python3.10 $$(pyenv versions --bare 2>/dev/null \
+	    | grep -E '^3\.10(\.|$$)' | sed "s|^|$$(pyenv root 2>/dev/null)/versions/|; s|$$|/bin/python3.10|" || true)"; \
 	fi; \
+	py=""; \
+	for candidate in $$candidates; do \
+	  if "$$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 10)' >/dev/null 2>&1; then \
+	    py="$$(command -v "$$candidate")"; break; fi; \
+	done; \
 	if [ -z "$$py" ]; then \
-	  echo "error: no Python 3.10 found (TFX 1.16 needs Python 3.10)." >&2; \
-	  echo "Install Python 3.10 (e.g. 'pyenv install 3.10.13') or set PYTHON310=/path/to/python3.10." >&2; \
+	  echo "error: no working Python 3.10 found (tried: $$candidates); TFX 1.16 needs Python 3.10." >&2; \
+	  echo "Install it (e.g. 'pyenv install 3.10.13') or set PYTHON310=/path/to/python3.10." >&2; \
 	  exit 1; \
 	fi; \
 	uv="$$(command -v uv || true)"; \
