@@ -9,10 +9,9 @@ so the Evaluator reads a normal local or pipeline-root artifact under every runn
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from tfx import types
-from tfx.components import Evaluator
-from tfx.components.evaluator import executor as evaluator_executor
 from tfx.dsl.components.base import base_component, base_executor, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 from tfx.utils import path_utils
@@ -23,6 +22,11 @@ _log = logging.getLogger(__name__)
 
 BASELINE_VERSION_KEY = "baseline_version"
 NO_BASELINE = -1
+
+
+def serving_model_dir(serving_root: str, model_name: str) -> str:
+    """Where the numbered versions of `model_name` live: `<serving_root>/<model_name>`."""
+    return storage.join(serving_root, model_name)
 
 
 def pushed_versions(serving_model_dir: str) -> dict[int, str]:
@@ -37,7 +41,9 @@ def pushed_versions(serving_model_dir: str) -> dict[int, str]:
 class LatestPushedModelExecutor(base_executor.BaseExecutor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         baseline = artifact_utils.get_single_instance(output_dict["baseline_model"])
-        versions = pushed_versions(exec_properties["serving_model_dir"])
+        versions = pushed_versions(
+            serving_model_dir(exec_properties["serving_root"], exec_properties["model_name"])
+        )
         if not versions:
             _log.info("No pushed model yet: the candidate is evaluated without a baseline.")
             baseline.set_int_custom_property(BASELINE_VERSION_KEY, NO_BASELINE)
@@ -52,7 +58,10 @@ class LatestPushedModelExecutor(base_executor.BaseExecutor):
 
 
 class LatestPushedModelSpec(types.ComponentSpec):
-    PARAMETERS = {"serving_model_dir": component_spec.ExecutionParameter(type=str)}
+    PARAMETERS = {
+        "serving_root": component_spec.ExecutionParameter(type=str),
+        "model_name": component_spec.ExecutionParameter(type=str),
+    }
     # The candidate is an input only to order this step after training and to re-run it for each
     # new candidate; its files are not read.
     INPUTS = {"model": component_spec.ChannelParameter(type=standard_artifacts.Model)}
@@ -63,29 +72,12 @@ class LatestPushedModel(base_component.BaseComponent):
     SPEC_CLASS = LatestPushedModelSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(LatestPushedModelExecutor)
 
-    def __init__(self, model: types.BaseChannel, serving_model_dir: str | types.RuntimeParameter):
+    def __init__(self, model: types.BaseChannel, serving_root: str | Any, model_name: str | Any):
         super().__init__(
             spec=LatestPushedModelSpec(
                 model=model,
-                serving_model_dir=serving_model_dir,
+                serving_root=serving_root,
+                model_name=model_name,
                 baseline_model=types.Channel(type=standard_artifacts.Model),
             )
         )
-
-
-class BaselineAwareEvaluatorExecutor(evaluator_executor.Executor):
-    """Drops a baseline artifact that holds no model, so the first run evaluates without one."""
-
-    def Do(self, input_dict, output_dict, exec_properties) -> None:
-        baselines = input_dict.get("baseline_model") or []
-        input_dict = dict(input_dict)
-        input_dict["baseline_model"] = [
-            b for b in baselines if b.get_int_custom_property(BASELINE_VERSION_KEY) != NO_BASELINE
-        ]
-        if not input_dict["baseline_model"]:
-            del input_dict["baseline_model"]
-        super().Do(input_dict, output_dict, exec_properties)
-
-
-class BaselineAwareEvaluator(Evaluator):
-    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(BaselineAwareEvaluatorExecutor)

@@ -1,20 +1,21 @@
 """Pusher that writes numbered versions (1, 2, 3, ...) for TF Serving and never overwrites one.
 
-Stock Pusher names versions by Unix time, which two pushes in one second share, and writes through
-TensorFlow's gfile, which cannot reach SeaweedFS reliably (STACK.md).
+Stock Pusher names versions by Unix time, which two pushes in one second share, writes through
+TensorFlow's gfile, which cannot reach SeaweedFS reliably (STACK.md), and takes its destination
+inside a proto that Kubeflow users could not set per run.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from tfx.components import Pusher
+from tfx import types
 from tfx.components.pusher import executor as pusher_executor
-from tfx.dsl.components.base import executor_spec
-from tfx.proto import pusher_pb2
-from tfx.types import artifact_utils
-from tfx.utils import proto_utils
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.types import artifact_utils, component_spec, standard_artifacts
 
+from components.baseline import serving_model_dir
 from pipelines import storage
 
 _log = logging.getLogger(__name__)
@@ -27,21 +28,49 @@ class VersionedPusherExecutor(pusher_executor.Executor):
             self._MarkNotPushed(pushed_model)
             return
         model_path = self.GetModelPath(input_dict)
-        destination = pusher_pb2.PushDestination()
-        proto_utils.json_to_proto(exec_properties["push_destination"], destination)
-        serving_model_dir = destination.filesystem.base_directory
+        versions_dir = serving_model_dir(
+            exec_properties["serving_root"], exec_properties["model_name"]
+        )
         # Half-written versions (no saved_model.pb yet) count too: their number is never reused.
-        version = max(storage.numbered_children(serving_model_dir), default=0) + 1
-        serving_path = storage.join(serving_model_dir, str(version))
+        version = max(storage.numbered_children(versions_dir), default=0) + 1
+        serving_path = storage.join(versions_dir, str(version))
         if storage.list_files(serving_path + "/**"):
-            raise FileExistsError(
-                f"{serving_path} already exists; refusing to overwrite a served version"
-            )
+            raise FileExistsError(f"{serving_path} already exists; refusing to overwrite a version")
         # saved_model.pb last: TF Serving treats a version as ready once it is there.
         count = storage.copy_tree(model_path, serving_path, last="saved_model.pb")
         _log.info("Pushed version %d (%d files) to %s", version, count, serving_path)
         self._MarkPushed(pushed_model, pushed_destination=serving_path, pushed_version=str(version))
 
 
-class VersionedPusher(Pusher):
+class VersionedPusherSpec(types.ComponentSpec):
+    PARAMETERS = {
+        "serving_root": component_spec.ExecutionParameter(type=str),
+        "model_name": component_spec.ExecutionParameter(type=str),
+    }
+    INPUTS = {
+        "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
+        "model_blessing": component_spec.ChannelParameter(type=standard_artifacts.ModelBlessing),
+    }
+    OUTPUTS = {"pushed_model": component_spec.ChannelParameter(type=standard_artifacts.PushedModel)}
+
+
+class VersionedPusher(base_component.BaseComponent):
+    SPEC_CLASS = VersionedPusherSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(VersionedPusherExecutor)
+
+    def __init__(
+        self,
+        model: types.BaseChannel,
+        model_blessing: types.BaseChannel,
+        serving_root: str | Any,
+        model_name: str | Any,
+    ):
+        super().__init__(
+            spec=VersionedPusherSpec(
+                model=model,
+                model_blessing=model_blessing,
+                serving_root=serving_root,
+                model_name=model_name,
+                pushed_model=types.Channel(type=standard_artifacts.PushedModel),
+            )
+        )

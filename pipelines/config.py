@@ -35,7 +35,6 @@ class PipelineConfig:
     # Artifacts and ML Metadata. Local disk for the local runner (see README: object-store root).
     pipeline_root: str = str(WORK_DIR / "pipeline_root")
     metadata_path: str = str(WORK_DIR / "metadata.sqlite")
-    schema_dir: str = str(REPO_ROOT / "schemas")
     # Training.
     train_steps: int = 2000
     eval_steps: int = 200
@@ -53,6 +52,19 @@ class PipelineConfig:
     drift: float = 0.0
     seed: int = 42
     beam_args: tuple[str, ...] = ("--direct_running_mode=in_memory", "--direct_num_workers=1")
+    # Kubeflow: the artifact root every step shares, the images (exact tags), resources, GPU
+    # placement, and the Kubernetes Secret whose keys become every step's S3 environment.
+    kfp_pipeline_root: str = "s3://tfx-pipeline/pipeline_root"
+    cpu_image: str = "registry.example.com/tfx-taxi-tips:0.1.0"
+    gpu_image: str = "registry.example.com/tfx-taxi-tips-gpu:0.1.0"
+    gpu_count: int = 1
+    gpu_node_selector: str = "nvidia.com/gpu.present=true"
+    gpu_toleration_key: str = "nvidia.com/gpu"
+    credentials_secret: str = "tfx-pipeline-s3"
+    step_cpu: str = "2"
+    step_memory: str = "8G"
+    trainer_cpu: str = "4"
+    trainer_memory: str = "16G"
 
     @property
     def serving_model_dir(self) -> str:
@@ -87,6 +99,18 @@ class PipelineConfig:
                 problems.append(f"{name} must not be empty")
         if "/" in self.model_name:
             problems.append(f"model_name must not contain '/', got {self.model_name!r}")
+        if self.gpu_count < 0:
+            problems.append(f"gpu_count must be 0 or more, got {self.gpu_count}")
+        for name in ("cpu_image", "gpu_image"):
+            if not _pinned(getattr(self, name)):
+                problems.append(
+                    f"{name} must name an exact tag or digest (not 'latest'), got "
+                    f"{getattr(self, name)!r}"
+                )
+        if "=" not in self.gpu_node_selector:
+            problems.append(
+                f"gpu_node_selector must be label=value, got {self.gpu_node_selector!r}"
+            )
         if problems:
             raise ConfigError("invalid pipeline config: " + "; ".join(problems))
 
@@ -104,6 +128,14 @@ class PipelineConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _pinned(image: str) -> bool:
+    """An image reference with an explicit tag other than `latest`, or a digest."""
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest")
 
 
 def _parse(name: str, text: str):

@@ -6,13 +6,14 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Transform and TFMA need tf_keras, not Keras 3
 
-import tensorflow_model_analysis as tfma  # noqa: E402
 from tfx import v1 as tfx  # noqa: E402
 
-from components import features  # noqa: E402
-from components.baseline import BaselineAwareEvaluator, LatestPushedModel  # noqa: E402
+from components.baseline import LatestPushedModel  # noqa: E402
+from components.evaluation import ThresholdEvaluator  # noqa: E402
 from components.example_gen import SpanCsvExampleGen  # noqa: E402
 from components.pusher import VersionedPusher  # noqa: E402
+from components.schema import CuratedSchema  # noqa: E402
+from components.trainer import TunableTrainer  # noqa: E402
 from components.validation import StrictExampleValidator  # noqa: E402
 from pipelines.config import PipelineConfig  # noqa: E402
 
@@ -22,103 +23,81 @@ from pipelines.config import PipelineConfig  # noqa: E402
 PREPROCESSING_FN = "components.preprocessing.preprocessing_fn"
 RUN_FN = "components.model.run_fn"
 
+# Settable per run (Kubeflow UI, recurring runs); the config gives their defaults. The local
+# runner uses the defaults, so both runners run exactly this definition.
+RUNTIME_PARAMETERS = {
+    "data_root": str,
+    "span": int,
+    "train_steps": int,
+    "epochs": int,
+    "min_auc": float,
+    "min_accuracy": float,
+    "max_auc_drop": float,
+    "serving_root": str,
+    "model_name": str,
+}
 
-def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
-    """AUC and accuracy must clear fixed bars, and AUC may not fall more than allowed below the
-    last blessed model's. Metrics are computed overall and per payment type."""
-    auc_threshold = tfma.MetricThreshold(
-        value_threshold=tfma.GenericValueThreshold(lower_bound={"value": config.min_auc}),
-        change_threshold=tfma.GenericChangeThreshold(
-            direction=tfma.MetricDirection.HIGHER_IS_BETTER,
-            absolute={"value": -config.max_auc_drop},
-        ),
-    )
-    accuracy_threshold = tfma.MetricThreshold(
-        value_threshold=tfma.GenericValueThreshold(lower_bound={"value": config.min_accuracy})
-    )
-    # Thresholds hold for the whole eval set; per-slice metrics are reported, not gated (small
-    # slices such as "No Charge" are too noisy to block a release on).
-    overall = [tfma.SlicingSpec()]
-    return tfma.EvalConfig(
-        model_specs=[
-            tfma.ModelSpec(label_key=features.LABEL_KEY, signature_name="serving_default")
-        ],
-        slicing_specs=[tfma.SlicingSpec(), tfma.SlicingSpec(feature_keys=[features.SLICE_KEY])],
-        metrics_specs=[
-            tfma.MetricsSpec(
-                metrics=[
-                    tfma.MetricConfig(class_name="ExampleCount"),
-                    tfma.MetricConfig(
-                        class_name="AUC",
-                        per_slice_thresholds=[
-                            tfma.PerSliceMetricThreshold(
-                                slicing_specs=overall, threshold=auc_threshold
-                            )
-                        ],
-                    ),
-                    tfma.MetricConfig(
-                        class_name="BinaryAccuracy",
-                        per_slice_thresholds=[
-                            tfma.PerSliceMetricThreshold(
-                                slicing_specs=overall, threshold=accuracy_threshold
-                            )
-                        ],
-                    ),
-                ]
-            )
-        ],
-    )
+
+def runtime_parameters(config: PipelineConfig) -> dict[str, tfx.dsl.experimental.RuntimeParameter]:
+    return {
+        name: tfx.dsl.experimental.RuntimeParameter(
+            name=name, ptype=ptype, default=ptype(getattr(config, name))
+        )
+        for name, ptype in RUNTIME_PARAMETERS.items()
+    }
 
 
 def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> tfx.dsl.Pipeline:
     """The full DAG. `metadata_connection_config` is the local runner's; Kubeflow brings its own."""
-    example_gen = SpanCsvExampleGen(input_base=config.data_root, span=config.span).with_id(
+    param = runtime_parameters(config)
+    example_gen = SpanCsvExampleGen(input_base=param["data_root"], span=param["span"]).with_id(
         "ExampleGen"
     )
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    schema_importer = tfx.dsl.Importer(
-        source_uri=config.schema_dir, artifact_type=tfx.types.standard_artifacts.Schema
-    ).with_id("SchemaImporter")
+    schema = CuratedSchema().with_id("CuratedSchema")
     example_validator = StrictExampleValidator(
-        statistics=statistics_gen.outputs["statistics"], schema=schema_importer.outputs["result"]
+        statistics=statistics_gen.outputs["statistics"], schema=schema.outputs["schema"]
     ).with_id("ExampleValidator")
     transform = tfx.components.Transform(
         examples=example_gen.outputs["examples"],
-        schema=schema_importer.outputs["result"],
+        schema=schema.outputs["schema"],
         preprocessing_fn=PREPROCESSING_FN,
     )
     # Transform must not start on data that failed validation.
     transform.add_upstream_node(example_validator)
-    trainer = tfx.components.Trainer(
+    trainer = TunableTrainer(
         run_fn=RUN_FN,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
-        schema=schema_importer.outputs["result"],
-        train_args=tfx.proto.TrainArgs(num_steps=config.train_steps),
-        eval_args=tfx.proto.EvalArgs(num_steps=config.eval_steps),
+        schema=schema.outputs["schema"],
+        train_steps=param["train_steps"],
+        epochs=param["epochs"],
+        eval_steps=config.eval_steps,
         custom_config={
-            "epochs": config.epochs,
             "batch_size": config.batch_size,
             "learning_rate": config.learning_rate,
             "hidden_units": list(config.hidden_units),
             "mixed_precision": config.mixed_precision,
         },
-    )
+    ).with_id("Trainer")
     baseline = LatestPushedModel(
-        model=trainer.outputs["model"], serving_model_dir=config.serving_model_dir
+        model=trainer.outputs["model"],
+        serving_root=param["serving_root"],
+        model_name=param["model_name"],
     ).with_id("LatestPushedModel")
-    evaluator = BaselineAwareEvaluator(
+    evaluator = ThresholdEvaluator(
         examples=example_gen.outputs["examples"],
         model=trainer.outputs["model"],
         baseline_model=baseline.outputs["baseline_model"],
-        eval_config=eval_config(config),
+        min_auc=param["min_auc"],
+        min_accuracy=param["min_accuracy"],
+        max_auc_drop=param["max_auc_drop"],
     ).with_id("Evaluator")
     pusher = VersionedPusher(
         model=trainer.outputs["model"],
         model_blessing=evaluator.outputs["blessing"],
-        push_destination=tfx.proto.PushDestination(
-            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=config.serving_model_dir)
-        ),
+        serving_root=param["serving_root"],
+        model_name=param["model_name"],
     ).with_id("Pusher")
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline_name,
@@ -126,7 +105,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
         components=[
             example_gen,
             statistics_gen,
-            schema_importer,
+            schema,
             example_validator,
             transform,
             trainer,

@@ -16,7 +16,7 @@ _STATES = {
     metadata_store_pb2.Execution.CANCELED: "canceled",
 }
 STEP_ORDER = [
-    "ExampleGen", "StatisticsGen", "SchemaImporter", "ExampleValidator", "Transform", "Trainer",
+    "ExampleGen", "StatisticsGen", "CuratedSchema", "ExampleValidator", "Transform", "Trainer",
     "LatestPushedModel", "Evaluator", "Pusher",
 ]  # fmt: skip
 

@@ -23,6 +23,17 @@ def test_environment_then_overrides_take_precedence():
     assert config.hidden_units == (16, 8)
 
 
+def test_pinned_images_by_tag_or_digest_are_accepted():
+    config = PipelineConfig.load(
+        {
+            "cpu_image": "registry.example.com:5000/tfx:0.1.0",
+            "gpu_image": "registry.example.com/tfx-gpu@sha256:" + "a" * 64,
+        },
+        environ={},
+    )
+    assert config.cpu_image.endswith(":0.1.0")
+
+
 def test_beam_args_parse_from_json_list():
     config = PipelineConfig.load({"beam_args": '["--direct_num_workers=2"]'}, environ={})
     assert config.beam_args == ("--direct_num_workers=2",)
@@ -39,6 +50,10 @@ def test_beam_args_parse_from_json_list():
         ({"model_name": "a/b"}, "model_name"),
         ({"trainsteps": "10"}, "trainsteps"),
         ({"epochs": "10", "train_steps": "5"}, "epochs"),
+        ({"cpu_image": "registry.example.com/tfx:latest"}, "cpu_image"),
+        ({"gpu_image": "registry.example.com:5000/tfx-gpu"}, "gpu_image"),
+        ({"gpu_count": "-1"}, "gpu_count"),
+        ({"gpu_node_selector": "gpu"}, "gpu_node_selector"),
     ],
 )
 def test_bad_values_name_the_field(overrides, named):

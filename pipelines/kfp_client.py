@@ -1,0 +1,240 @@
+"""Submit, schedule, pause and resume the compiled pipeline on a Kubeflow Pipelines API server.
+
+Thin functions over `kfp.Client` (SDK 2.5). Everything that can be checked locally (the endpoint
+answers, parameter names and types, the cron expression) is checked before anything is uploaded,
+so a typo never leaves a half-created pipeline version or schedule behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines.errors import ActionableError
+
+_PORT_FORWARD = "kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80"
+_CRON_EXAMPLE = '"0 2 * * *" (nightly at 02:00)'
+_MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
+_DAYS = {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}
+# robfig/cron v1.2 (KFP's scheduler): seconds first, day of week 0-6 with 0 = Sunday.
+_CRON_FIELDS = [("second", 0, 59, {}), ("minute", 0, 59, {}), ("hour", 0, 23, {}),
+                ("day-of-month", 1, 31, {}), ("month", 1, 12, _MONTHS),
+                ("day-of-week", 0, 6, _DAYS)]  # fmt: skip
+_TYPES = {"NUMBER_INTEGER": int, "INT": int, "NUMBER_DOUBLE": float, "DOUBLE": float,
+          "STRING": str, "BOOLEAN": lambda v: {"true": True, "false": False}[v.lower()],
+          "LIST": json.loads, "STRUCT": json.loads}  # fmt: skip
+
+
+class KubeflowError(ActionableError):
+    """The KFP API server is unreachable or refused a request, or a local input is invalid."""
+
+
+def check_endpoint(endpoint: str, timeout_s: float = 5) -> None:
+    """Fail fast and clearly when nothing answers at `endpoint` (kfp.Client itself would retry
+    its health check for about 25 s and then raise a bare TimeoutError)."""
+    if not endpoint.startswith(("http://", "https://")):
+        raise KubeflowError(f"KFP endpoint {endpoint!r} needs a scheme, e.g. http://localhost:8080")
+    url = endpoint.rstrip("/") + "/apis/v2beta1/healthz"
+    # No proxies from the environment: kfp.Client's HTTP pool does not use them either.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout_s) as response:
+            status = response.status
+    except urllib.error.HTTPError as error:
+        status = error.code
+    except (OSError, ValueError) as error:  # refused, DNS, timeout, malformed URL
+        status = f"no answer ({error})"
+    if not isinstance(status, int) or not 200 <= status < 300:
+        raise KubeflowError(
+            f"Kubeflow Pipelines API at {endpoint} is not reachable: GET {url} gave {status}. "
+            f"Port-forward the UI service (`{_PORT_FORWARD}`, then use http://localhost:8080) "
+            "or pass the right endpoint with --endpoint or KFP_ENDPOINT."
+        )
+
+
+def normalize_cron(expression: str) -> str:
+    """A 5-field (standard) or 6-field cron expression as the 6-field, seconds-first form KFP
+    needs. A 5-field expression sent as is would be read with seconds first (hourly, not daily)."""
+    fields = expression.split()
+    if len(fields) == 5:
+        fields = ["0", *fields]
+    if len(fields) != 6:
+        raise KubeflowError(
+            f"cron {expression!r} has {len(fields)} fields; use 5 (minute hour day-of-month month "
+            f"day-of-week) or 6 (seconds first), e.g. {_CRON_EXAMPLE}"
+        )
+    for field, (name, low, high, names) in zip(fields, _CRON_FIELDS, strict=True):
+        try:
+            _check_cron_field(field, low, high, names, question_ok=name.startswith("day"))
+        except ValueError as error:
+            raise KubeflowError(
+                f"cron {expression!r}: {name} field {field!r} is invalid ({error}); "
+                f"e.g. {_CRON_EXAMPLE}"
+            ) from None
+    return " ".join(fields)
+
+
+def _check_cron_field(field: str, low: int, high: int, names: dict, question_ok: bool) -> None:
+    for part in field.split(","):
+        body, slash, step = part.partition("/")
+        if slash and (not step.isdigit() or int(step) == 0):
+            raise ValueError(f"step {step!r} must be a positive number")
+        if body == "*" or (body == "?" and question_ok and not slash):
+            continue
+        start, dash, end = body.partition("-")
+        first = _cron_value(start, low, high, names)
+        if dash and _cron_value(end, low, high, names) < first:
+            raise ValueError(f"range {body!r} runs backwards")
+
+
+def _cron_value(text: str, low: int, high: int, names: dict) -> int:
+    if text.lower() in names:
+        return names[text.lower()]
+    if not text.isdigit() or not low <= int(text) <= high:
+        named = f" or a name ({'/'.join(n.upper() for n in names)})" if names else ""
+        raise ValueError(f"{text!r} is not a number in {low}-{high}{named}")
+    return int(text)
+
+
+def _root_parameters(package_path: str) -> dict[str, dict]:
+    try:
+        with open(package_path) as stream:
+            spec = next(yaml.safe_load_all(stream))
+        return spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    except (OSError, yaml.YAMLError, StopIteration, KeyError, TypeError, AttributeError) as error:
+        raise KubeflowError(
+            f"{package_path} is not a compiled pipeline spec ({error!r}); run `make compile`."
+        ) from None
+
+
+def _typed_parameters(package_path: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """Values converted to the spec's declared types: the API server rejects "3" for an integer."""
+    declared = _root_parameters(package_path)
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:
+        raise KubeflowError(f"unknown parameter(s) {unknown}; valid names: {sorted(declared)}")
+    typed = {}
+    for name, value in parameters.items():
+        kind = declared[name].get("parameterType") or declared[name].get("type", "STRING")
+        try:
+            typed[name] = _TYPES[kind](value) if isinstance(value, str) else value
+        except (KeyError, ValueError) as error:
+            raise KubeflowError(f"parameter {name}={value!r} is not a valid {kind}") from error
+    return typed
+
+
+@contextlib.contextmanager
+def _api(what: str) -> Iterator[None]:
+    import kfp_server_api
+
+    try:
+        yield
+    except kfp_server_api.ApiException as error:
+        raise KubeflowError(f"{what}: HTTP {error.status} {error.reason}: {error.body}") from None
+
+
+def _client(endpoint: str, namespace: str | None) -> Any:
+    import kfp  # imported late: it costs about a second, and the checks above don't need it
+
+    return kfp.Client(host=endpoint, namespace=namespace or "kubeflow")
+
+
+def _pipeline_version(client: Any, package_path: str, pipeline_name: str) -> tuple[str, str]:
+    """Upload the package as a version of `pipeline_name` (so UI runs use the same spec), reusing
+    an identical earlier upload: the version name carries the package's hash."""
+    version = f"{pipeline_name}-{hashlib.sha256(Path(package_path).read_bytes()).hexdigest()[:12]}"
+    pipeline_id = client.get_pipeline_id(pipeline_name)
+    if pipeline_id is None:  # the first upload creates the pipeline and its first version
+        pipeline_id = client.upload_pipeline(package_path, pipeline_name).pipeline_id
+        found = client.list_pipeline_versions(pipeline_id, sort_by="created_at desc")
+    else:
+        found = client.list_pipeline_versions(pipeline_id, filter=_name_filter(version))
+    if found.pipeline_versions:
+        return pipeline_id, found.pipeline_versions[0].pipeline_version_id
+    created = client.upload_pipeline_version(package_path, version, pipeline_id=pipeline_id)
+    return pipeline_id, created.pipeline_version_id
+
+
+def _name_filter(name: str) -> str:
+    predicate = {"operation": "EQUALS", "key": "display_name", "stringValue": name}
+    return json.dumps({"predicates": [predicate]})
+
+
+def submit(
+    endpoint: str,
+    package_path: str,
+    pipeline_name: str,
+    parameters: dict[str, Any],
+    experiment: str = "taxi-tips",
+    namespace: str | None = None,
+) -> str:
+    """Upload the package (if new) and start one run; returns the run id."""
+    check_endpoint(endpoint)
+    typed = _typed_parameters(package_path, parameters)
+    client = _client(endpoint, namespace)
+    with _api(f"submitting {package_path} to {endpoint}"):
+        pipeline_id, version_id = _pipeline_version(client, package_path, pipeline_name)
+        experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        run = client.run_pipeline(
+            experiment_id, f"{pipeline_name} {now}", params=typed,
+            pipeline_id=pipeline_id, version_id=version_id,
+        )  # fmt: skip
+    return run.run_id
+
+
+def schedule(
+    endpoint: str,
+    package_path: str,
+    pipeline_name: str,
+    cron: str,
+    parameters: dict[str, Any],
+    experiment: str = "taxi-tips",
+    job_name: str = "taxi-tips-nightly",
+    namespace: str | None = None,
+) -> str:
+    """Create an enabled recurring run; returns its id. One run at a time (a run still going
+    when the next is due delays it); no catch-up (after a pause only the latest missed run)."""
+    cron6 = normalize_cron(cron)
+    check_endpoint(endpoint)
+    typed = _typed_parameters(package_path, parameters)
+    client = _client(endpoint, namespace)
+    with _api(f"scheduling {package_path} on {endpoint}"):
+        experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id
+        same_name = _name_filter(job_name)
+        existing = client.list_recurring_runs(experiment_id=experiment_id, filter=same_name)
+        if existing.recurring_runs:  # two schedules of one name would run the pipeline twice
+            raise KubeflowError(
+                f"a recurring run named {job_name!r} already exists in experiment {experiment!r} "
+                f"(id {existing.recurring_runs[0].recurring_run_id}); delete it in the UI or "
+                "choose another --name."
+            )
+        pipeline_id, version_id = _pipeline_version(client, package_path, pipeline_name)
+        job = client.create_recurring_run(
+            experiment_id, job_name, cron_expression=cron6, max_concurrency=1, no_catchup=True,
+            params=typed, pipeline_id=pipeline_id, version_id=version_id,
+        )  # fmt: skip
+    return job.recurring_run_id
+
+
+def pause(endpoint: str, recurring_run_id: str) -> None:
+    """Stop a recurring run from starting new runs (runs already going carry on)."""
+    check_endpoint(endpoint)
+    with _api(f"pausing recurring run {recurring_run_id}"):
+        _client(endpoint, None).disable_recurring_run(recurring_run_id)
+
+
+def resume(endpoint: str, recurring_run_id: str) -> None:
+    """Re-enable a paused recurring run; with no catch-up, missed slots are not back-filled."""
+    check_endpoint(endpoint)
+    with _api(f"resuming recurring run {recurring_run_id}"):
+        _client(endpoint, None).enable_recurring_run(recurring_run_id)
