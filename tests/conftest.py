@@ -19,6 +19,7 @@ from tensorflow_transform.tf_metadata import (  # noqa: E402
 )
 
 from components import features, preprocessing  # noqa: E402
+from pipelines.object_store import EmbeddedObjectStore  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
 # Raw taxi-trip data as tf.Transform sees it (used by test_preprocessing.py and test_model.py)
@@ -119,3 +120,27 @@ def transform_frames() -> Callable[..., list[list[dict]]]:
 # --------------------------------------------------------------------------------------------
 # End of the taxi-trip data section.
 # --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# A real SeaweedFS server on loopback (used by the end-to-end and Kubeflow-spec tests)
+# --------------------------------------------------------------------------------------------
+
+
+class _TestObjectStore(EmbeddedObjectStore):
+    _buckets = 0
+
+    def new_bucket(self, prefix: str) -> str:
+        """A fresh bucket, so that tests sharing the server never see each other's objects."""
+        _TestObjectStore._buckets += 1
+        bucket = f"{prefix}-{_TestObjectStore._buckets}"
+        self.create_bucket(bucket)
+        return bucket
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory):
+    """SeaweedFS on free loopback ports; its endpoint and made-up credentials in os.environ."""
+    store = _TestObjectStore(tmp_path_factory.mktemp("seaweedfs") / "data").start()
+    yield store
+    store.stop()

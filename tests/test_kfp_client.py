@@ -88,7 +88,9 @@ class FakeKfpApi:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # A short poll interval makes shutdown() at teardown quick.
+        serve = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        serve.start()
 
     def respond(self, method: str, path: str, query: dict, body: object) -> tuple[int, dict]:
         name = _filtered_name(query)

@@ -20,21 +20,11 @@ from pipelines import data, serving, storage
 from pipelines.config import PipelineConfig
 from pipelines.errors import actionable_cause
 from pipelines.local_runner import run_pipeline
-from pipelines.object_store import EmbeddedObjectStore
-
-
-@pytest.fixture(scope="module")
-def object_store(tmp_path_factory):
-    """A real SeaweedFS server on loopback for this module, with its endpoint in the environment."""
-    store = EmbeddedObjectStore(tmp_path_factory.mktemp("seaweedfs") / "data").start()
-    yield store
-    store.stop()
 
 
 @pytest.fixture(scope="module")
 def config(object_store, tmp_path_factory) -> PipelineConfig:
-    bucket = "e2e"
-    object_store.create_bucket(bucket)
+    bucket = object_store.new_bucket("e2e")
     work = tmp_path_factory.mktemp("e2e")
     return PipelineConfig(
         data_root=f"s3://{bucket}/data",

@@ -1,0 +1,103 @@
+"""Container entry point of every step on Kubeflow: TFX's executor entry point on local files.
+
+The Kubeflow Pipelines v2 launcher downloads each input artifact from the pipeline root to a
+local path (`s3://b/k` to `/s3/b/k`, `gs://` to `/gcs/`, `minio://` to `/minio/`) before the step,
+and uploads the output artifacts from their local paths after it. TFX's own entry point ignores
+those paths and reads and writes the remote URIs through TensorFlow's file system, whose `s3://`
+client hangs or returns wrong data against SeaweedFS and MinIO-style servers, and whose
+tensorflow-io plugin aborts the process at exit (STACK.md). This wrapper points the executor at
+the launcher's local copies instead and restores the remote URIs in what the step reports, so
+ML Metadata and the next steps see the object-store URIs.
+
+Usage (as compiled into the spec): python -m pipelines.kfp_entrypoint <TFX entry point args>
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+# Where the launcher mounts its local copies; "/" on Kubeflow. Overridable for a test harness that
+# plays the launcher without root access to /s3.
+LOCAL_ROOT_ENV = "KFP_LOCAL_ARTIFACT_ROOT"
+_SCHEME_FOLDERS = {"s3://": "s3", "gs://": "gcs", "minio://": "minio"}
+INVOCATION_FLAG = "--json_serialized_invocation_args"
+INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
+
+
+def local_path(uri: str, local_root: str | None = None) -> str | None:
+    """The launcher's local path for a remote URI, or None for a URI it does not stage."""
+    root = local_root or os.environ.get(LOCAL_ROOT_ENV, "/")
+    for prefix, folder in _SCHEME_FOLDERS.items():
+        if uri.startswith(prefix):
+            return os.path.join(root, folder, uri[len(prefix) :])
+    return None
+
+
+def localize(executor_input: dict) -> dict[str, str]:
+    """Rewrites artifact URIs in an ExecutorInput dict to local paths (in place); returns
+    local path -> remote URI. Output folders are created, as TFX's local launcher does."""
+    remote_of: dict[str, str] = {}
+    for section in ("inputs", "outputs"):
+        for artifacts in executor_input.get(section, {}).get("artifacts", {}).values():
+            for artifact in artifacts.get("artifacts", []):
+                path = local_path(artifact.get("uri", ""))
+                if path is None:
+                    continue
+                remote_of[path] = artifact["uri"]
+                artifact["uri"] = path
+                if section == "outputs":
+                    os.makedirs(path, exist_ok=True)
+    return remote_of
+
+
+def add_input_types(executor_input: dict, inputs_spec: dict) -> None:
+    """Gives each input artifact the type its component declares.
+
+    The open-source driver passes upstream artifacts with an empty instanceSchema (it does not
+    keep artifact types), and TFX's entry point needs the type to pick the artifact class.
+    """
+    declared = inputs_spec.get("artifacts", {})
+    for name, artifacts in executor_input.get("inputs", {}).get("artifacts", {}).items():
+        for artifact in artifacts.get("artifacts", []):
+            kind = artifact.get("type") or {}
+            if not kind.get("instanceSchema") and not kind.get("schemaTitle") and name in declared:
+                artifact["type"] = declared[name]["artifactType"]
+
+
+def restore_remote_uris(output_file: str, remote_of: dict[str, str]) -> None:
+    """Puts the remote URIs back into the ExecutorOutput the step wrote: the launcher records
+    whatever URI the step reports (and would skip the upload of a local one)."""
+    if not os.path.exists(output_file):
+        return
+    with open(output_file) as f:
+        executor_output = json.load(f)
+    for artifacts in executor_output.get("artifacts", {}).values():
+        for artifact in artifacts.get("artifacts", []):
+            uri = artifact.get("uri", "")
+            if uri in remote_of:
+                artifact["uri"] = remote_of[uri]
+    with open(output_file, "w") as f:
+        json.dump(executor_output, f)
+
+
+def main(argv: list[str]) -> int:
+    from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor as tfx_entrypoint
+
+    argv = list(argv)
+    position = argv.index(INVOCATION_FLAG) + 1
+    executor_input = json.loads(argv[position])
+    if INPUTS_SPEC_FLAG in argv:
+        add_input_types(executor_input, json.loads(argv[argv.index(INPUTS_SPEC_FLAG) + 1]))
+    remote_of = localize(executor_input)
+    argv[position] = json.dumps(executor_input)
+    tfx_entrypoint.main(tfx_entrypoint._parse_flags(argv))
+    restore_remote_uris(executor_input["outputs"]["outputFile"], remote_of)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,121 @@
+"""Compiles `create_pipeline(config)` into a spec that open-source Kubeflow Pipelines v2 can run.
+
+TFX's KubeflowV2DagRunner targets Vertex AI. Its output is adjusted here, each change for a
+reason the backend's code gives (kubeflow/README.md lists them):
+- every root parameter gets its default (TFX writes none, so a UI or recurring run with empty
+  fields would be rejected);
+- ExampleGen is never served from cache (KFP's cache key holds no data fingerprint, so a new
+  span would be hidden) — it resolves the newest span itself, in its executor;
+- every step runs `pipelines.kfp_entrypoint` (TFX's entry point on the launcher's local copies
+  of the artifacts, see there), in the CPU image with CPU and memory limits; the Trainer runs in
+  the GPU image and requests `nvidia.com/gpu`;
+- a second YAML document, the Kubernetes platform spec, gives every step the object-store
+  credentials from a Secret and the Trainer a GPU node selector and toleration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines.config import REPO_ROOT, PipelineConfig
+
+SPEC_PATH = REPO_ROOT / "kubeflow" / "pipeline.yaml"
+ENTRYPOINT = ["python", "-m", "pipelines.kfp_entrypoint"]
+TRAINER = "Trainer"
+EXAMPLE_GEN = "ExampleGen"
+GPU_RESOURCE = "nvidia.com/gpu"  # the backend uses the accelerator type as the resource name
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
+
+
+def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(PipelineSpec, PlatformSpec) as dicts, ready to be written as two YAML documents."""
+    from tfx import v1 as tfx
+
+    from pipelines.pipeline import RUNTIME_PARAMETERS, create_pipeline
+
+    pipeline = create_pipeline(dataclasses.replace(config, pipeline_root=config.kfp_pipeline_root))
+    runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
+        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
+            default_image=config.cpu_image, use_pipeline_spec_2_1=True
+        ),
+    )
+    spec = runner.run(pipeline, write_out=False)["pipelineSpec"]
+
+    for name, parameter in spec["root"]["inputDefinitions"]["parameters"].items():
+        if name in RUNTIME_PARAMETERS:
+            parameter["defaultValue"] = RUNTIME_PARAMETERS[name](getattr(config, name))
+    spec["root"]["dag"]["tasks"][EXAMPLE_GEN]["cachingOptions"] = {"enableCache": False}
+
+    executors = spec["deploymentSpec"]["executors"]
+    trainer_executor = spec["components"][TRAINER]["executorLabel"]
+    for label, executor in executors.items():
+        container = executor["container"]
+        container["command"] = list(ENTRYPOINT)
+        container["resources"] = {
+            "cpuLimit": float(config.step_cpu),
+            "memoryLimit": _gigabytes(config.step_memory),
+        }
+        if label == trainer_executor:
+            container["image"] = config.gpu_image
+            container["resources"] = {
+                "cpuLimit": float(config.trainer_cpu),
+                "memoryLimit": _gigabytes(config.trainer_memory),
+            }
+            if config.gpu_count:
+                container["resources"]["accelerator"] = {
+                    "type": GPU_RESOURCE,
+                    "count": str(config.gpu_count),
+                }
+    return spec, _platform_spec(config, executors, trainer_executor)
+
+
+def _gigabytes(text: str) -> float:
+    """'16G' or '16' -> 16.0 (the backend renders memoryLimit as '<n>G')."""
+    return float(text.upper().removesuffix("G"))
+
+
+def _platform_spec(config: PipelineConfig, executors: dict, trainer_executor: str) -> dict:
+    label, _, value = config.gpu_node_selector.partition("=")
+    platform: dict[str, dict] = {}
+    for executor in sorted(executors):
+        secret_env = {
+            "secretName": config.credentials_secret,
+            "keyToEnv": [{"secretKey": key, "envVar": key} for key in SECRET_KEYS],
+        }
+        platform[executor] = {"secretAsEnv": [secret_env]}
+        if executor == trainer_executor and config.gpu_count:
+            platform[executor]["nodeSelector"] = {"labels": {label: value}}
+            platform[executor]["tolerations"] = [
+                {"key": config.gpu_toleration_key, "operator": "Exists", "effect": "NoSchedule"}
+            ]
+    return {"platforms": {"kubernetes": {"deploymentSpec": {"executors": platform}}}}
+
+
+def render(config: PipelineConfig) -> str:
+    spec, platform = compile_documents(config)
+    header = (
+        "# Compiled by `make compile` from pipelines/pipeline.py; do not edit by hand.\n"
+        f"# Parameters (defaults): {json.dumps(_defaults(spec), sort_keys=True)}\n"
+    )
+    return header + yaml.safe_dump_all([spec, platform], sort_keys=True)
+
+
+def _defaults(spec: dict) -> dict:
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    return {name: p.get("defaultValue") for name, p in parameters.items()}
+
+
+def write(config: PipelineConfig, path: Path = SPEC_PATH) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(config))
+    return path
+
+
+def load_documents(path: Path = SPEC_PATH) -> tuple[dict, dict]:
+    spec, platform = yaml.safe_load_all(path.read_text())
+    return spec, platform
