@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 UV_VERSION := 0.13.8
 ARGS ?=
 
-.PHONY: venv run test lint format add-span store lock clean
+.PHONY: venv run test lint format add-span store lock clean compile
 
 venv: $(VENV)/.installed
 
@@ -65,3 +65,7 @@ lock:
 
 clean:
 	rm -rf .work
+
+# Kubeflow: regenerate kubeflow/pipeline.yaml (commit it; a test fails when it is stale).
+compile: venv
+	$(PY) -m pipelines.cli compile $(ARGS)

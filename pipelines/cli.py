@@ -1,4 +1,7 @@
-"""Command line: `python -m pipelines.cli {run,add-span,store}`; `--help` on each."""
+"""Command line: `python -m pipelines.cli COMMAND`; `--help` on each.
+
+Local: run, add-span, store. Kubeflow: compile, submit, schedule, pause, resume.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import os
 import sys
 import time
 import warnings
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -90,6 +94,58 @@ def cmd_store(args: argparse.Namespace) -> int:
             return 0
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from pipelines import kubeflow_runner
+
+    config = _config(args)
+    path = kubeflow_runner.write(config, Path(args.output))
+    print(f"Wrote {path} (cpu image {config.cpu_image}, gpu image {config.gpu_image}).")
+    return 0
+
+
+def _parameters(args: argparse.Namespace) -> dict[str, str]:
+    return parse_assignments(args.param or [], flag="--param")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from pipelines import kfp_client
+
+    config = _config(args)
+    run_id = kfp_client.submit(
+        args.endpoint, args.package, config.pipeline_name, _parameters(args), args.experiment
+    )
+    print(f"Started run {run_id} of {config.pipeline_name!r} on {args.endpoint}.")
+    return 0
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from pipelines import kfp_client
+
+    config = _config(args)
+    job_id = kfp_client.schedule(
+        args.endpoint, args.package, config.pipeline_name, args.cron, _parameters(args),
+        args.experiment, args.name,
+    )  # fmt: skip
+    print(f"Created recurring run {job_id} ({args.name}, cron {args.cron!r}) on {args.endpoint}.")
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    from pipelines import kfp_client
+
+    kfp_client.pause(args.endpoint, args.recurring_run_id)
+    print(f"Paused recurring run {args.recurring_run_id}.")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from pipelines import kfp_client
+
+    kfp_client.resume(args.endpoint, args.recurring_run_id)
+    print(f"Resumed recurring run {args.recurring_run_id}.")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipelines.cli", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +171,42 @@ def build_parser() -> argparse.ArgumentParser:
     span.add_argument("--rows", type=int, help="rows in the new span (default: rows_per_span)")
     span.add_argument("--drift", type=float, help="drift strength (0: none; 1: strong)")
     add("store", cmd_store, "Start the embedded object store in the foreground.")
+
+    from pipelines.kubeflow_runner import SPEC_PATH
+
+    compile_ = add(
+        "compile", cmd_compile, "Compile the pipeline into a Kubeflow Pipelines v2 spec."
+    )
+    compile_.add_argument("--output", default=str(SPEC_PATH), help=f"default: {SPEC_PATH}")
+
+    def add_kfp(
+        name: str, handler, help_text: str, package: bool = True
+    ) -> argparse.ArgumentParser:
+        sub = add(name, handler, help_text)
+        sub.add_argument(
+            "--endpoint",
+            default=os.environ.get("KFP_ENDPOINT", "http://localhost:8080"),
+            help="KFP API endpoint (default: $KFP_ENDPOINT or http://localhost:8080)",
+        )
+        if package:
+            sub.add_argument("--package", default=str(SPEC_PATH), help="compiled spec to upload")
+            sub.add_argument("--experiment", default="taxi-tips", help="KFP experiment")
+            sub.add_argument("--param", action="append", metavar="NAME=VALUE",
+                             help="pipeline parameter for the run(s); repeatable")  # fmt: skip
+        return sub
+
+    add_kfp("submit", cmd_submit, "Upload the spec (if changed) and start one run.")
+    schedule = add_kfp(
+        "schedule", cmd_schedule, "Create a recurring run (one at a time, no catch-up)."
+    )
+    schedule.add_argument("--cron", required=True, help='cron, e.g. "0 2 * * *" (nightly, 02:00)')
+    schedule.add_argument("--name", default="taxi-tips-nightly", help="recurring run name")
+    for name, handler, text in (
+        ("pause", cmd_pause, "Pause a recurring run."),
+        ("resume", cmd_resume, "Resume a paused recurring run."),
+    ):
+        sub = add_kfp(name, handler, text, package=False)
+        sub.add_argument("--recurring-run-id", required=True)
     return parser
 
 
@@ -128,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a failed step: say which and what to do, not a 200-line trace
         cause = actionable_cause(e)
         print(f"\nerror: {type(cause).__name__}: {cause}", file=sys.stderr)
-        logs = sorted((WORK_DIR / "logs").glob("run-*.log")) if (WORK_DIR / "logs").exists() else []
+        logs = sorted((WORK_DIR / "logs").glob("run-*.log")) if args.command == "run" else []
         if logs:
             print(f"The full log is in {logs[-1]}.", file=sys.stderr)
         code = 1

@@ -163,12 +163,12 @@ def _parse(name: str, text: str):
     return text
 
 
-def parse_assignments(assignments: list[str]) -> dict[str, str]:
+def parse_assignments(assignments: list[str], flag: str = "--set") -> dict[str, str]:
     """`["train_steps=100", ...]` from `--set` flags into a dict, with a clear error for a typo."""
     result = {}
     for item in assignments:
         name, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"--set expects field=value, got {item!r}")
+            raise ConfigError(f"{flag} expects name=value, got {item!r}")
         result[name.strip()] = value
     return result

@@ -62,7 +62,7 @@ def test_bad_values_name_the_field(overrides, named):
 
 
 def test_set_flag_without_equals_is_rejected():
-    with pytest.raises(ConfigError, match="field=value"):
+    with pytest.raises(ConfigError, match="name=value"):
         parse_assignments(["train_steps"])
 
 
