@@ -26,6 +26,8 @@ LOCAL_ROOT_ENV = "KFP_LOCAL_ARTIFACT_ROOT"
 _SCHEME_FOLDERS = {"s3://": "s3", "gs://": "gcs", "minio://": "minio"}
 INVOCATION_FLAG = "--json_serialized_invocation_args"
 INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
+# A run parameter added by pipelines/kubeflow_runner.py: Beam options as a JSON list of strings.
+BEAM_ARGS_PARAMETER = "beam_args"
 
 
 def local_path(uri: str, local_root: str | None = None) -> str | None:
@@ -37,14 +39,14 @@ def local_path(uri: str, local_root: str | None = None) -> str | None:
     return None
 
 
-def localize(executor_input: dict) -> dict[str, str]:
+def localize(executor_input: dict, local_root: str | None = None) -> dict[str, str]:
     """Rewrites artifact URIs in an ExecutorInput dict to local paths (in place); returns
     local path -> remote URI. Output folders are created, as TFX's local launcher does."""
     remote_of: dict[str, str] = {}
     for section in ("inputs", "outputs"):
         for artifacts in executor_input.get(section, {}).get("artifacts", {}).values():
             for artifact in artifacts.get("artifacts", []):
-                path = local_path(artifact.get("uri", ""))
+                path = local_path(artifact.get("uri", ""), local_root)
                 if path is None:
                     continue
                 remote_of[path] = artifact["uri"]
@@ -66,6 +68,25 @@ def add_input_types(executor_input: dict, inputs_spec: dict) -> None:
             kind = artifact.get("type") or {}
             if not kind.get("instanceSchema") and not kind.get("schemaTitle") and name in declared:
                 artifact["type"] = declared[name]["artifactType"]
+
+
+def take_beam_args(executor_input: dict) -> list[str]:
+    """Removes the `beam_args` parameter (TFX's executors do not know it) and returns its list."""
+    text = (
+        executor_input.get("inputs", {}).get("parameterValues", {}).pop(BEAM_ARGS_PARAMETER, None)
+    )
+    if text is None:
+        return []
+    try:
+        beam_args = json.loads(text)
+    except json.JSONDecodeError:
+        beam_args = None
+    if not isinstance(beam_args, list) or not all(isinstance(a, str) for a in beam_args):
+        raise ValueError(
+            f"parameter {BEAM_ARGS_PARAMETER} must be a JSON list of strings such as "
+            f'["--direct_num_workers=2"], got {text!r}'
+        )
+    return beam_args
 
 
 def restore_remote_uris(output_file: str, remote_of: dict[str, str]) -> None:
@@ -93,7 +114,9 @@ def main(argv: list[str]) -> int:
     if INPUTS_SPEC_FLAG in argv:
         add_input_types(executor_input, json.loads(argv[argv.index(INPUTS_SPEC_FLAG) + 1]))
     remote_of = localize(executor_input)
+    beam_args = take_beam_args(executor_input)
     argv[position] = json.dumps(executor_input)
+    argv.extend(beam_args)
     tfx_entrypoint.main(tfx_entrypoint._parse_flags(argv))
     restore_remote_uris(executor_input["outputs"]["outputFile"], remote_of)
     return 0

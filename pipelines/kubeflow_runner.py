@@ -30,6 +30,7 @@ TRAINER = "Trainer"
 EXAMPLE_GEN = "ExampleGen"
 GPU_RESOURCE = "nvidia.com/gpu"  # the backend uses the accelerator type as the resource name
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
+INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
 
 
 def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -50,6 +51,7 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
         if name in RUNTIME_PARAMETERS:
             parameter["defaultValue"] = RUNTIME_PARAMETERS[name](getattr(config, name))
     spec["root"]["dag"]["tasks"][EXAMPLE_GEN]["cachingOptions"] = {"enableCache": False}
+    _beam_args_as_parameter(spec, config)
 
     executors = spec["deploymentSpec"]["executors"]
     trainer_executor = spec["components"][TRAINER]["executorLabel"]
@@ -72,6 +74,30 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
                     "count": str(config.gpu_count),
                 }
     return spec, _platform_spec(config, executors, trainer_executor)
+
+
+def _beam_args_as_parameter(spec: dict, config: PipelineConfig) -> None:
+    """Beam options become the run parameter `beam_args` (a JSON list) of every step.
+
+    TFX freezes them into each container's arguments; here they are cut from the arguments and
+    passed as a step parameter instead, which `pipelines.kfp_entrypoint` turns back into
+    arguments.
+    """
+    from pipelines.kfp_entrypoint import BEAM_ARGS_PARAMETER
+
+    spec["root"]["inputDefinitions"]["parameters"][BEAM_ARGS_PARAMETER] = {
+        "parameterType": "STRING",
+        "defaultValue": json.dumps(list(config.beam_args)),
+    }
+    for component in spec["components"].values():
+        parameters = component.setdefault("inputDefinitions", {}).setdefault("parameters", {})
+        parameters[BEAM_ARGS_PARAMETER] = {"parameterType": "STRING"}
+    for task in spec["root"]["dag"]["tasks"].values():
+        parameters = task.setdefault("inputs", {}).setdefault("parameters", {})
+        parameters[BEAM_ARGS_PARAMETER] = {"componentInputParameter": BEAM_ARGS_PARAMETER}
+    for executor in spec["deploymentSpec"]["executors"].values():
+        args = executor["container"]["args"]
+        del args[args.index(INPUTS_SPEC_FLAG) + 2 :]
 
 
 def _gigabytes(text: str) -> float:

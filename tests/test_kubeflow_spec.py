@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 
 import numpy as np
@@ -37,6 +38,11 @@ def test_spec_loads_strictly_and_has_nothing_open_source_kfp_rejects(documents):
     assert defaults["span"] == -1 and defaults["train_steps"] == PipelineConfig().train_steps
     assert spec["root"]["dag"]["tasks"]["ExampleGen"]["cachingOptions"] == {"enableCache": False}
     assert spec["root"]["dag"]["tasks"]["Trainer"]["cachingOptions"] == {"enableCache": True}
+    assert json.loads(defaults["beam_args"]) == list(PipelineConfig().beam_args)
+    for task in spec["root"]["dag"]["tasks"].values():
+        assert task["inputs"]["parameters"]["beam_args"] == {"componentInputParameter": "beam_args"}
+    for executor in spec["deploymentSpec"]["executors"].values():
+        assert not any(a.startswith("--direct_") for a in executor["container"]["args"])
 
 
 def test_trainer_requests_a_gpu_and_every_step_has_limits_and_pinned_images(documents):

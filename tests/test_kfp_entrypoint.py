@@ -1,0 +1,76 @@
+"""The Kubeflow container entry point's rewriting of the launcher's ExecutorInput and output."""
+
+import json
+
+import pytest
+
+from pipelines import kfp_entrypoint
+
+
+def _executor_input(tmp_path) -> dict:
+    return {
+        "inputs": {
+            "parameterValues": {"span": -1, "beam_args": '["--direct_num_workers=2"]'},
+            "artifacts": {
+                "examples": {
+                    "artifacts": [
+                        {
+                            "name": "7",
+                            "type": {"instanceSchema": ""},
+                            "uri": "s3://b/root/ExampleGen/u/examples",
+                        }
+                    ]
+                },  # fmt: skip
+            },
+        },
+        "outputs": {
+            "artifacts": {
+                "statistics": {"artifacts": [{"uri": "gs://g/root/StatisticsGen/u/statistics"}]}
+            },
+            "outputFile": str(tmp_path / "output_metadata.json"),
+        },
+    }
+
+
+def test_artifacts_point_at_the_launchers_local_copies_and_outputs_get_folders(tmp_path):
+    executor_input = _executor_input(tmp_path)
+    remote_of = kfp_entrypoint.localize(executor_input, local_root=str(tmp_path))
+
+    examples = executor_input["inputs"]["artifacts"]["examples"]["artifacts"][0]["uri"]
+    statistics = executor_input["outputs"]["artifacts"]["statistics"]["artifacts"][0]["uri"]
+    assert examples == str(tmp_path / "s3/b/root/ExampleGen/u/examples")
+    assert statistics == str(tmp_path / "gcs/g/root/StatisticsGen/u/statistics")
+    assert (tmp_path / "gcs/g/root/StatisticsGen/u/statistics").is_dir()
+    assert remote_of[statistics] == "gs://g/root/StatisticsGen/u/statistics"
+
+
+def test_reported_local_uris_are_turned_back_into_remote_ones(tmp_path):
+    output_file = tmp_path / "output_metadata.json"
+    output_file.write_text(json.dumps({"artifacts": {"statistics": {"artifacts": [
+        {"uri": "/s3/b/k/statistics", "metadata": {"span": 3}}]}}}))  # fmt: skip
+    kfp_entrypoint.restore_remote_uris(
+        str(output_file), {"/s3/b/k/statistics": "s3://b/k/statistics"}
+    )
+    (artifact,) = json.loads(output_file.read_text())["artifacts"]["statistics"]["artifacts"]
+    assert artifact == {"uri": "s3://b/k/statistics", "metadata": {"span": 3}}
+
+
+def test_input_artifacts_get_their_declared_type(tmp_path):
+    executor_input = _executor_input(tmp_path)
+    declared = {"artifactType": {"instanceSchema": "title: tfx.Examples\ntype: object\n"}}
+    kfp_entrypoint.add_input_types(executor_input, {"artifacts": {"examples": declared}})
+    (artifact,) = executor_input["inputs"]["artifacts"]["examples"]["artifacts"]
+    assert artifact["type"] == declared["artifactType"]
+
+
+def test_beam_args_parameter_becomes_arguments_and_leaves_the_parameters(tmp_path):
+    executor_input = _executor_input(tmp_path)
+    assert kfp_entrypoint.take_beam_args(executor_input) == ["--direct_num_workers=2"]
+    assert executor_input["inputs"]["parameterValues"] == {"span": -1}
+
+
+def test_malformed_beam_args_name_the_parameter(tmp_path):
+    executor_input = _executor_input(tmp_path)
+    executor_input["inputs"]["parameterValues"]["beam_args"] = "--direct_num_workers=2"
+    with pytest.raises(ValueError, match="beam_args must be a JSON list"):
+        kfp_entrypoint.take_beam_args(executor_input)
