@@ -7,7 +7,6 @@ sure there is data, runs the pipeline, and reads the outcome back from ML Metada
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import sys
@@ -18,24 +17,7 @@ from pathlib import Path
 from pipelines import data
 from pipelines.config import WORK_DIR, PipelineConfig
 from pipelines.object_store import EmbeddedObjectStore
-
-
-@dataclasses.dataclass
-class StepResult:
-    name: str
-    state: str
-    seconds: float
-
-
-@dataclasses.dataclass
-class RunSummary:
-    steps: list[StepResult]
-    span: int | None = None
-    metrics: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
-    blessed: bool | None = None
-    validation_failures: list[str] = dataclasses.field(default_factory=list)
-    baseline_version: int | None = None
-    pushed_path: str | None = None
+from pipelines.run_summary import RunSummary, read_summary
 
 
 def s3_buckets(config: PipelineConfig) -> set[str]:
@@ -156,6 +138,4 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
         for handler, level in console_levels.items():
             handler.setLevel(level)
         root.setLevel(previous_level)
-    from pipelines.run_summary import read_summary
-
     return read_summary(config, since=started, seconds=seconds)

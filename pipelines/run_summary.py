@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
@@ -21,6 +23,24 @@ STEP_ORDER = [
 ]  # fmt: skip
 
 
+@dataclasses.dataclass
+class StepResult:
+    name: str
+    state: str
+    seconds: float
+
+
+@dataclasses.dataclass
+class RunSummary:
+    steps: list[StepResult]
+    span: int | None = None
+    metrics: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    blessed: bool | None = None
+    validation_failures: list[str] = dataclasses.field(default_factory=list)
+    baseline_version: int | None = None
+    pushed_path: str | None = None
+
+
 def _store(config: PipelineConfig) -> metadata_store.MetadataStore:
     connection = metadata_store_pb2.ConnectionConfig()
     connection.sqlite.filename_uri = config.metadata_path
@@ -36,14 +56,14 @@ def _latest_output(store, execution_id: int) -> dict[str, metadata_store_pb2.Art
     return {key: artifacts[artifact_id] for key, artifact_id in outputs.items()}
 
 
-def read_summary(config: PipelineConfig, since: float, seconds: dict[str, float] | None = None):
+def read_summary(
+    config: PipelineConfig, since: float, seconds: dict[str, float] | None = None
+) -> RunSummary:
     """A RunSummary of the executions of this pipeline started at or after `since` (Unix s).
 
     `seconds` are the wall times the runner measured per step (MLMD's timestamps leave out the
     driver and publishing).
     """
-    from pipelines.local_runner import RunSummary, StepResult
-
     store = _store(config)
     summary = RunSummary(steps=[])
     outputs: dict[str, dict] = {}
@@ -102,7 +122,7 @@ def _evaluation(uri: str) -> tuple[dict[str, dict[str, float]], list[str]]:
     return metrics, failures
 
 
-def format_summary(summary) -> str:
+def format_summary(summary: RunSummary) -> str:
     lines = ["", "Pipeline run summary", "--------------------"]
     for step in summary.steps:
         lines.append(f"  {step.name:<18} {step.state:<8} {step.seconds:7.1f} s")
