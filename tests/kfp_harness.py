@@ -73,7 +73,7 @@ def _topological(tasks: dict) -> list[str]:
     return order
 
 
-def _download(uri: str, path: str) -> None:
+def launcher_download(uri: str, path: str) -> None:
     """The launcher's recursive download by prefix (a single object maps to the path itself)."""
     prefix = uri.rstrip("/")
     for remote in storage.list_files(prefix + "/**"):
@@ -84,7 +84,7 @@ def _download(uri: str, path: str) -> None:
         storage.write_bytes(path, storage.read_bytes(prefix))
 
 
-def _upload(path: str, uri: str) -> None:
+def launcher_upload(path: str, uri: str) -> None:
     """The launcher's recursive upload; a missing local path uploads nothing."""
     if os.path.isfile(path):
         storage.write_bytes(uri, Path(path).read_bytes())
@@ -135,7 +135,7 @@ def run(
             producer = source["taskOutputArtifact"]
             artifact = recorded[producer["producerTask"]][producer["outputArtifactKey"]]
             inputs["artifacts"][name] = {"artifacts": [artifact]}
-            _download(artifact["uri"], local_path(artifact["uri"], str(local_root)))
+            launcher_download(artifact["uri"], local_path(artifact["uri"], str(local_root)))
         outputs = {"artifacts": {}, "outputFile": str(log_dir / task_name / "output_metadata.json")}
         for key, definition in component.get("outputDefinitions", {}).get("artifacts", {}).items():
             uri = f"{pipeline_root}/{pipeline_name}/{run_id}/{task_name}/{uuid.uuid4()}/{key}"
@@ -169,7 +169,7 @@ def run(
             path = local_path(artifact["uri"], str(local_root))
             if path is None:
                 raise UnsupportedByKubeflow(f"{task_name}.{key}: output URI {artifact['uri']}")
-            _upload(path, artifact["uri"])
+            launcher_upload(path, artifact["uri"])
             # What the next task's driver passes on: an id for a name, an empty instance schema.
             recorded[task_name][key] = {
                 "name": str(next(artifact_ids)),

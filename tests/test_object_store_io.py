@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from pipelines import storage
 from pipelines.kfp_entrypoint import local_path
-from tests.kfp_harness import _download
+from tests.kfp_harness import launcher_download
 
 
 def test_large_tfrecord_and_vocabulary_survive_the_round_trip(object_store, tmp_path):
@@ -32,7 +32,7 @@ def test_large_tfrecord_and_vocabulary_survive_the_round_trip(object_store, tmp_
     assert local_records.stat().st_size > 10 * 1024 * 1024
 
     staged = local_path(artifact, str(tmp_path / "launcher"))
-    _download(artifact, staged)
+    launcher_download(artifact, staged)
 
     read_back = [r.numpy() for r in tf.data.TFRecordDataset(f"{staged}/data.tfrecord")]
     assert read_back == records
