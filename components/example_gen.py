@@ -26,12 +26,12 @@ from tfx.types.standard_component_specs import FileBasedExampleGenSpec
 from tfx.utils import proto_utils
 from tfx_bsl.coders import csv_decoder
 
+from components.features import SPAN_PREFIX
 from pipelines import storage
 from pipelines.errors import ActionableError
 
 _log = logging.getLogger(__name__)
 
-SPAN_PREFIX = "span-"
 LATEST_SPAN = -1
 
 

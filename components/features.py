@@ -4,6 +4,9 @@ One place for these names: the data generator, the curated schema, `preprocessin
 the model and the evaluation config all refer to them.
 """
 
+# Layout of a data root: span N of the data lives in `<data_root>/span-N/*.csv`.
+SPAN_PREFIX = "span-"
+
 LABEL_KEY = "big_tipper"  # 1 when the tip is more than 20 % of the fare
 
 # Raw CSV columns, in file order (label last).

@@ -15,7 +15,6 @@ import pandas as pd
 from components import features
 from pipelines import storage
 
-SPAN_PREFIX = "span-"
 PAYMENT_TYPES = np.array(["Credit Card", "Cash", "Mobile", "Prcard", "No Charge", "Unknown"])
 PAYMENT_WEIGHTS = np.array([0.46, 0.38, 0.08, 0.05, 0.02, 0.01])
 COMPANIES = np.array([f"Company {c}" for c in "ABCDEFGHIJKL"])
@@ -83,11 +82,11 @@ def generate_trips(num_rows: int, span: int, seed: int = 42, drift: float = 0.0)
 
 
 def span_dir(data_root: str, span: int) -> str:
-    return storage.join(data_root, f"{SPAN_PREFIX}{span}")
+    return storage.join(data_root, f"{features.SPAN_PREFIX}{span}")
 
 
 def existing_spans(data_root: str) -> list[int]:
-    return sorted(storage.numbered_children(data_root, SPAN_PREFIX))
+    return sorted(storage.numbered_children(data_root, features.SPAN_PREFIX))
 
 
 def write_span(
