@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines import data
+from pipelines import data, storage
 from pipelines.config import WORK_DIR, PipelineConfig
 from pipelines.object_store import EmbeddedObjectStore
 from pipelines.run_summary import RunSummary, read_summary
@@ -22,7 +22,7 @@ from pipelines.run_summary import RunSummary, read_summary
 
 def s3_buckets(config: PipelineConfig) -> set[str]:
     roots = (config.data_root, config.serving_root, config.pipeline_root)
-    return {root[len("s3://") :].split("/")[0] for root in roots if root.startswith("s3://")}
+    return {storage.split_s3(root)[0] for root in roots if root.startswith("s3://")}
 
 
 @contextlib.contextmanager

@@ -122,9 +122,8 @@ class EmbeddedObjectStore:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(
-                    timeout=5
-                )  # its graceful shutdown can take 20 s; data is already on disk
+                # Its graceful shutdown can take 20 s; the data are already on disk.
+                self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

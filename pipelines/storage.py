@@ -30,6 +30,12 @@ def join(*parts: str) -> str:
     return posixpath.join(*parts) if "://" in parts[0] else FileSystems.join(*parts)
 
 
+def split_s3(uri: str) -> tuple[str, str]:
+    """`s3://bucket/some/key` -> ("bucket", "some/key")."""
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    return bucket, key
+
+
 class FileInfo(NamedTuple):
     path: str
     size: int
@@ -65,7 +71,7 @@ def check_reachable(path: str) -> None:
         return
     from pipelines.object_store import s3_client
 
-    bucket = path[len("s3://") :].split("/")[0]
+    bucket, _ = split_s3(path)
     client = s3_client()
     try:
         client.head_bucket(Bucket=bucket)
@@ -100,7 +106,7 @@ def write_bytes(path: str, data: bytes) -> None:
     if path.startswith("s3://"):
         from pipelines.object_store import s3_client
 
-        bucket, _, key = path[len("s3://") :].partition("/")
+        bucket, key = split_s3(path)
         try:
             s3_client().put_object(Bucket=bucket, Key=key, Body=data)
         except Exception as e:

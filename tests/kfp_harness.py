@@ -76,10 +76,7 @@ def _topological(tasks: dict) -> list[str]:
 def launcher_download(uri: str, path: str) -> None:
     """The launcher's recursive download by prefix (a single object maps to the path itself)."""
     prefix = uri.rstrip("/")
-    for remote in storage.list_files(prefix + "/**"):
-        storage.write_bytes(
-            os.path.join(path, remote[len(prefix) + 1 :]), storage.read_bytes(remote)
-        )
+    storage.copy_tree(prefix, path)
     if storage.list_files(prefix) == [prefix]:
         storage.write_bytes(path, storage.read_bytes(prefix))
 
@@ -88,11 +85,8 @@ def launcher_upload(path: str, uri: str) -> None:
     """The launcher's recursive upload; a missing local path uploads nothing."""
     if os.path.isfile(path):
         storage.write_bytes(uri, Path(path).read_bytes())
-        return
-    for folder, _, files in os.walk(path):
-        for name in files:
-            local = os.path.join(folder, name)
-            storage.write_bytes(f"{uri}/{os.path.relpath(local, path)}", Path(local).read_bytes())
+    elif os.path.isdir(path):
+        storage.copy_tree(path, uri)
 
 
 def run(
