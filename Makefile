@@ -1,5 +1,7 @@
 # `make run` runs the whole pipeline locally; `make test` runs the test suite. Both create the
-# virtual environment (.venv, Python 3.10, from requirements.lock) on first use.
+# virtual environment (.venv, Python 3.10, from requirements.lock) on first use, with bytecode
+# compiled at install: where PYTHONDONTWRITEBYTECODE is set (as in the images) Python would
+# otherwise compile TensorFlow's and TFX's sources at every start (~35 s instead of ~12 s).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -34,7 +36,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	fi; \
 	echo "Creating $(VENV) with $$py from requirements.lock ..."; \
 	"$$uv" venv --quiet --allow-existing --python "$$py" $(VENV); \
-	"$$uv" pip sync --python $(PY) requirements.lock; \
+	"$$uv" pip sync --compile-bytecode --python $(PY) requirements.lock; \
 	"$$uv" pip install --quiet --python $(PY) --no-deps -e .; \
 	touch $@
 

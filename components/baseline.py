@@ -22,6 +22,7 @@ _log = logging.getLogger(__name__)
 
 BASELINE_VERSION_KEY = "baseline_version"
 NO_BASELINE = -1
+NO_BASELINE_FILE = "NO_BASELINE.txt"
 
 
 def serving_model_dir(serving_root: str, model_name: str) -> str:
@@ -41,12 +42,17 @@ def pushed_versions(serving_model_dir: str) -> dict[int, str]:
 class LatestPushedModelExecutor(base_executor.BaseExecutor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         baseline = artifact_utils.get_single_instance(output_dict["baseline_model"])
-        versions = pushed_versions(
-            serving_model_dir(exec_properties["serving_root"], exec_properties["model_name"])
+        versions_dir = serving_model_dir(
+            exec_properties["serving_root"], exec_properties["model_name"]
         )
+        versions = pushed_versions(versions_dir)
         if not versions:
             _log.info("No pushed model yet: the candidate is evaluated without a baseline.")
             baseline.set_int_custom_property(BASELINE_VERSION_KEY, NO_BASELINE)
+            # Every artifact this pipeline passes on holds a file: on Kubeflow an empty one is
+            # indistinguishable from one whose files were deleted (pipelines/kfp_entrypoint.py).
+            message = f"No version was pushed under {versions_dir} yet.\n"
+            storage.write_bytes(storage.join(baseline.uri, NO_BASELINE_FILE), message.encode())
             return
         version = max(versions)
         count = storage.copy_tree(versions[version], path_utils.serving_model_path(baseline.uri))

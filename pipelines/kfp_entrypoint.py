@@ -18,6 +18,8 @@ import json
 import os
 import sys
 
+from pipelines.errors import ActionableError
+
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 # Where the launcher mounts its local copies; "/" on Kubeflow. Overridable for a test harness that
@@ -28,6 +30,15 @@ INVOCATION_FLAG = "--json_serialized_invocation_args"
 INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
 # A run parameter added by pipelines/kubeflow_runner.py: Beam options as a JSON list of strings.
 BEAM_ARGS_PARAMETER = "beam_args"
+# Outputs the backend adds to every task for its own use, not the step's: with PUBLISH_LOGS on
+# (the default) the driver adds `executor-logs` (kubeflow/pipelines 2.5 backend/src/v2/driver/
+# driver.go provisionOutputs) and the launcher creates it as a file and writes the step's output
+# into it (component/launcher_v2.go getLogWriter). TFX knows neither the output nor its type.
+LAUNCHER_OUTPUTS = frozenset({"executor-logs"})
+
+
+class MissingInputError(ActionableError, FileNotFoundError):
+    """An input artifact has no files where the launcher put its local copy."""
 
 
 def local_path(uri: str, local_root: str | None = None) -> str | None:
@@ -39,16 +50,49 @@ def local_path(uri: str, local_root: str | None = None) -> str | None:
     return None
 
 
+def prepare(executor_input: dict, local_root: str | None = None) -> dict[str, str]:
+    """Everything done to the launcher's ExecutorInput before TFX sees it (in place): the
+    launcher's own outputs removed, artifacts pointed at their local copies. Returns local
+    path -> remote URI."""
+    drop_launcher_outputs(executor_input)
+    return localize(executor_input, local_root)
+
+
+def drop_launcher_outputs(executor_input: dict) -> None:
+    """Removes the backend's own outputs (LAUNCHER_OUTPUTS) from the ExecutorInput, so that TFX
+    sees only the step's declared outputs and never touches the launcher's log file."""
+    outputs = executor_input.get("outputs", {}).get("artifacts", {})
+    for name in LAUNCHER_OUTPUTS & set(outputs):
+        del outputs[name]
+
+
 def localize(executor_input: dict, local_root: str | None = None) -> dict[str, str]:
     """Rewrites artifact URIs in an ExecutorInput dict to local paths (in place); returns
-    local path -> remote URI. Output folders are created, as TFX's local launcher does."""
+    local path -> remote URI. Output folders are created, as TFX's local launcher does.
+
+    An input with nothing at its local path is an error here, before TFX reads it: every
+    artifact this pipeline passes on holds files, so an empty one was deleted from the object
+    store after its producer ran (a cache hit hands on an earlier run's URI as it is) or was
+    never uploaded."""
     remote_of: dict[str, str] = {}
     for section in ("inputs", "outputs"):
-        for artifacts in executor_input.get(section, {}).get("artifacts", {}).values():
+        for name, artifacts in executor_input.get(section, {}).get("artifacts", {}).items():
             for artifact in artifacts.get("artifacts", []):
                 path = local_path(artifact.get("uri", ""), local_root)
+                uri = artifact.get("uri", "")
+                if section == "inputs" and path is None and uri.startswith("/"):
+                    path = uri  # a step reported a local path: nothing was uploaded
                 if path is None:
                     continue
+                if section == "inputs" and not os.path.exists(path):
+                    raise MissingInputError(
+                        f"input artifact {name!r} has no files at {artifact['uri']}. Either "
+                        "they were deleted after the step that made them ran (a retried old "
+                        "run, or a step served from Kubeflow's cache, hands on earlier outputs "
+                        "as they are): start a new run, in which every step of this pipeline "
+                        "makes its outputs afresh. Or that step did not upload its output, a "
+                        "bug in it: see its log."
+                    )
                 remote_of[path] = artifact["uri"]
                 artifact["uri"] = path
                 if section == "outputs":
@@ -106,16 +150,21 @@ def restore_remote_uris(output_file: str, remote_of: dict[str, str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor as tfx_entrypoint
-
     argv = list(argv)
     position = argv.index(INVOCATION_FLAG) + 1
     executor_input = json.loads(argv[position])
     if INPUTS_SPEC_FLAG in argv:
         add_input_types(executor_input, json.loads(argv[argv.index(INPUTS_SPEC_FLAG) + 1]))
-    remote_of = localize(executor_input)
+    try:
+        remote_of = prepare(executor_input)
+    except MissingInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     beam_args = take_beam_args(executor_input)
     argv[position] = json.dumps(executor_input)
+    # Imported after the checks above: TFX's import alone takes about 20 s.
+    from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor as tfx_entrypoint
+
     argv.extend(beam_args)
     tfx_entrypoint.main(tfx_entrypoint._parse_flags(argv))
     restore_remote_uris(executor_input["outputs"]["outputFile"], remote_of)

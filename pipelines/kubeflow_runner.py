@@ -4,8 +4,10 @@ TFX's KubeflowV2DagRunner targets Vertex AI. Its output is adjusted here, each c
 reason the backend's code gives (kubeflow/README.md lists them):
 - every root parameter gets its default (TFX writes none, so a UI or recurring run with empty
   fields would be rejected);
-- ExampleGen is never served from cache (KFP's cache key holds no data fingerprint, so a new
-  span would be hidden) — it resolves the newest span itself, in its executor;
+- steps that read or write state outside their input artifacts are never served from KFP's
+  cache, and neither is a step without inputs (UNCACHED_STEPS, kubeflow/README.md "Caching");
+- task names become DNS-1123 labels (`ExampleGen` -> `example-gen`): Argo 3.5 names the pods of
+  a task with a retry policy after the task, without lower-casing it;
 - every step runs `pipelines.kfp_entrypoint` (TFX's entry point on the launcher's local copies
   of the artifacts, see there), in the CPU image with CPU and memory limits; the Trainer runs in
   the GPU image and requests `nvidia.com/gpu`;
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,14 @@ from pipelines.config import REPO_ROOT, PipelineConfig
 SPEC_PATH = REPO_ROOT / "kubeflow" / "pipeline.yaml"
 ENTRYPOINT = ["python", "-m", "pipelines.kfp_entrypoint"]
 TRAINER = "Trainer"
-EXAMPLE_GEN = "ExampleGen"
+# Never served from KFP's cache. KFP 2.5 keys a step on its input artifact IDs and parameters,
+# never on data, and a hit hands on the earlier run's artifacts as they are, even if the object
+# store has deleted them since. ExampleGen reads new spans under an unchanged data_root;
+# LatestPushedModel reads the serving directory; Pusher writes it; CuratedSchema has no inputs,
+# so a hit would tie every later run to the first run's schema artifact. Every other step is a
+# function of its input artifacts and parameters; as its inputs come from the steps above, it
+# is a cache hit only when they are, which never happens, so no run reuses a deleted artifact.
+UNCACHED_STEPS = ("ExampleGen", "CuratedSchema", "LatestPushedModel", "Pusher")
 GPU_RESOURCE = "nvidia.com/gpu"  # the backend uses the accelerator type as the resource name
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
 INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
@@ -50,8 +60,10 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
     for name, parameter in spec["root"]["inputDefinitions"]["parameters"].items():
         if name in RUNTIME_PARAMETERS:
             parameter["defaultValue"] = RUNTIME_PARAMETERS[name](getattr(config, name))
-    spec["root"]["dag"]["tasks"][EXAMPLE_GEN]["cachingOptions"] = {"enableCache": False}
+    for step in UNCACHED_STEPS:
+        spec["root"]["dag"]["tasks"][step]["cachingOptions"] = {"enableCache": False}
     _beam_args_as_parameter(spec, config)
+    _tasks_as_dns_labels(spec)
 
     executors = spec["deploymentSpec"]["executors"]
     trainer_executor = spec["components"][TRAINER]["executorLabel"]
@@ -98,6 +110,38 @@ def _beam_args_as_parameter(spec: dict, config: PipelineConfig) -> None:
     for executor in spec["deploymentSpec"]["executors"].values():
         args = executor["container"]["args"]
         del args[args.index(INPUTS_SPEC_FLAG) + 2 :]
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def task_name(node_id: str) -> str:
+    """The compiled task name of a pipeline node: `LatestPushedModel` -> `latest-pushed-model`."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", node_id).replace("_", "-").lower()
+
+
+def _tasks_as_dns_labels(spec: dict) -> None:
+    """Renames every task to `task_name(node id)`: the task keys, `taskInfo.name` (the name the
+    UI shows) and every `dependentTasks` and `producerTask` reference."""
+    tasks = spec["root"]["dag"]["tasks"]
+    names = [task_name(old) for old in tasks]
+    for name in names:
+        if names.count(name) > 1 or not _DNS_LABEL.match(name):
+            raise ValueError(f"task name {name!r} is taken twice or not a DNS-1123 label: rename "
+                             "the pipeline node (with_id) it comes from")  # fmt: skip
+    for old in list(tasks):
+        task = tasks.pop(old)
+        task["taskInfo"]["name"] = task_name(old)
+        if "dependentTasks" in task:
+            task["dependentTasks"] = [task_name(t) for t in task["dependentTasks"]]
+        for kind in ("artifacts", "parameters"):
+            for source in task.get("inputs", {}).get(kind, {}).values():
+                for reference in ("taskOutputArtifact", "taskOutputParameter"):
+                    if reference in source:
+                        source[reference]["producerTask"] = task_name(
+                            source[reference]["producerTask"]
+                        )
+        tasks[task_name(old)] = task
 
 
 def _gigabytes(text: str) -> float:

@@ -1,39 +1,54 @@
-"""Plays the open-source Kubeflow Pipelines v2 backend (2.5) for a compiled spec, without a cluster.
+"""Plays the open-source Kubeflow Pipelines 2.5 backend for a compiled spec, without a cluster.
 
-A test of the compiled artifact, not an orchestrator. It does what the backend's driver and
-launcher do for each task (kubeflow/pipelines backend/src/v2: driver.go provisionOutputs and
-resolveInputs, component/launcher_v2.go), and nothing more:
-- refuses what the backend cannot run: resolver executors, `lifecycle.preCacheCheck` hooks (never
-  executed there), `runtimeValue.constantValue`, root parameters with neither value nor default;
-- builds each task's ExecutorInput: parameter values from the run's values or defaults and from
-  constants; input artifacts from the producers' executor outputs, as the driver passes them
-  (name = an artifact id, type with an empty instanceSchema, uri, metadata); output URIs
-  `<pipeline_root>/<pipeline>/<run id>/<task>/<uuid>/<output key>`; the output metadata file;
-- stages artifacts as the launcher does: downloads inputs to their local paths (/s3/bucket/key,
-  rooted at `local_root` instead of / here), runs exactly the container's command and args with
-  `{{$}}` replaced, in its own OS process, then merges the step's ExecutorOutput (its uri wins,
-  metadata keys merge) and uploads the outputs from their local paths.
-The container's Python is this project's virtual environment (first on PATH).
+A test of the compiled artifact, not an orchestrator: it runs a spec as the 2.5 backend's API
+server, driver and launcher would, across several runs, and refuses what it does not emulate.
+Each rule names the file of kubeflow/pipelines at tag 2.5.0 (backend/src/...) that it follows:
+- the API server: root parameters take the run's values, else their defaults; a required one
+  with neither, or a number sent as a string, is rejected (apiserver/template/v2_template.go,
+  v2/compiler/argocompiler/argo.go);
+- the driver, per task (v2/driver/driver.go Container): input parameters and their type checks
+  and conversions (resolveInputs), input artifacts as the consumer receives them from ML Metadata
+  (kfp_store.py), output URIs `<root>/<pipeline>/<run>/<task>/<uuid>/<key>` plus the
+  `executor-logs` output (provisionOutputs), and the cache: key, lookup, and a hit that skips the
+  pod and hands on the earlier execution's artifacts as they are (getFingerPrintsAndID,
+  reuseCachedOutputs; v2/cacheutils/cache.go);
+- the pod and the launcher (kfp_launcher.py): a fresh root per task, the pod's environment
+  only, the memory limit, downloads, the log file, the ExecutorOutput merge, uploads;
+- ML Metadata and the cache table, shared by all runs of one `Backend` (kfp_store.py).
+Artifacts live on a real S3 store (SeaweedFS); the containers' Python is this project's .venv.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import re
+import shutil
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from pipelines import storage
-from pipelines.kfp_entrypoint import local_path
+from pipelines.config import REPO_ROOT
+from tests import kfp_launcher, kfp_store
+from tests.kfp_launcher import EXECUTOR_LOGS, TaskFailed
+
+__all__ = ["Backend", "TaskFailed", "UnsupportedByKubeflow", "check_supported", "load_strictly"]
+
+# Argo 3.5 names a retried task's templates `<task>-system-container-impl`
+# (v2/compiler/argocompiler/container.go addContainerExecutorTemplate) and names pods after
+# templates without lower-casing them: only a DNS-1123 label makes a valid pod name. Stricter
+# than 2.5, which fails only once the task has a retry policy: refused for every task here, so
+# that adding a retry policy cannot break the spec.
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Platform-spec fields with an effect the harness plays (secretAsEnv) or that only place the pod.
+_PLATFORM_FIELDS = {"secretAsEnv", "nodeSelector", "tolerations"}
 
 
 class UnsupportedByKubeflow(AssertionError):
-    """The spec uses something open-source Kubeflow Pipelines 2.5 cannot run."""
+    """The spec uses something open-source KFP 2.5 cannot run, or this harness does not play."""
 
 
 def load_strictly(spec: dict) -> pipeline_spec_pb2.PipelineSpec:
@@ -43,22 +58,302 @@ def load_strictly(spec: dict) -> pipeline_spec_pb2.PipelineSpec:
     )
 
 
-def check_supported(spec: dict, parameter_values: dict) -> None:
+def check_supported(spec: dict, parameter_values: dict, platform: dict | None = None) -> None:
+    """Refuses what the 2.5 backend rejects and what this harness does not emulate."""
     for label, executor in spec["deploymentSpec"]["executors"].items():
-        if "resolver" in executor:
+        if "resolver" in executor:  # argocompiler/argo.go: "resolver not implemented yet"
             raise UnsupportedByKubeflow(f"{label}: resolver executors are not implemented")
-        if "container" not in executor and "importer" not in executor:
-            raise UnsupportedByKubeflow(f"{label}: only container and importer executors run")
-        if "lifecycle" in executor.get("container", {}):
+        if "container" not in executor:
+            raise UnsupportedByKubeflow(f"{label}: only container executors are played")
+        if "lifecycle" in executor["container"]:
             raise UnsupportedByKubeflow(f"{label}: lifecycle hooks (preCacheCheck) are never run")
+        container = executor["container"]
+        arguments = " ".join(container.get("command", []) + container.get("args", []))
+        if "{{$" in arguments.replace("{{$}}", ""):
+            raise UnsupportedByKubeflow(f"{label}: placeholders other than {{{{$}}}}")
     for name, parameter in spec["root"]["inputDefinitions"].get("parameters", {}).items():
         if name not in parameter_values and "defaultValue" not in parameter:
             if not parameter.get("isOptional"):
                 raise UnsupportedByKubeflow(f"parameter {name} has neither value nor default")
+    for name, component in spec["components"].items():
+        if "dag" in component or component.get("outputDefinitions", {}).get("parameters"):
+            raise UnsupportedByKubeflow(f"{name}: sub-DAGs and output parameters are not played")
     for task_name, task in spec["root"]["dag"]["tasks"].items():
+        if not DNS_1123_LABEL.match(task_name):
+            raise UnsupportedByKubeflow(
+                f"task {task_name!r}: not a DNS-1123 label; Argo names the pods of a task with a "
+                "retry policy after it"
+            )
+        # driver.go getDAGTasks keys a run's executions by taskInfo.name, and
+        # resolveUpstreamArtifacts looks each producerTask up there.
+        if task["taskInfo"]["name"] != task_name:
+            raise UnsupportedByKubeflow(f"task {task_name!r}: taskInfo.name differs from its key")
+        for unplayed in ("triggerPolicy", "retryPolicy", "parameterIterator", "artifactIterator"):
+            if unplayed in task:
+                raise UnsupportedByKubeflow(f"{task_name}: {unplayed} is not played yet; teach it")
         for name, source in task.get("inputs", {}).get("parameters", {}).items():
-            if "constantValue" in source.get("runtimeValue", {}):
-                raise UnsupportedByKubeflow(f"{task_name}.{name}: runtimeValue.constantValue")
+            if "componentInputParameter" in source or "constant" in source.get("runtimeValue", {}):
+                continue  # constantValue: the backend reads only runtimeValue.constant
+            raise UnsupportedByKubeflow(f"{task_name}.{name}: parameter source {sorted(source)}")
+        for name, source in task.get("inputs", {}).get("artifacts", {}).items():
+            if "taskOutputArtifact" not in source:
+                raise UnsupportedByKubeflow(f"{task_name}.{name}: artifact source {sorted(source)}")
+        if not set(task.get("dependentTasks", [])) >= {
+            source["taskOutputArtifact"]["producerTask"]
+            for source in task.get("inputs", {}).get("artifacts", {}).values()
+        }:
+            raise UnsupportedByKubeflow(f"{task_name}: a producer task is not in dependentTasks")
+    for label, config in _platform_executors(platform).items():
+        if set(config) - _PLATFORM_FIELDS:
+            unplayed = sorted(set(config) - _PLATFORM_FIELDS)
+            raise UnsupportedByKubeflow(f"{label}: platform fields {unplayed} are not played")
+
+
+@dataclass
+class TaskResult:
+    state: str  # "executed" or "cached"
+    outputs: dict[str, dict]  # output key -> runtime artifact as a consumer receives it
+    log_path: Path | None = None
+
+
+@dataclass
+class PipelineRun:
+    run_id: str
+    run_root: str  # `<pipeline root>/<pipeline name>/<run id>`: where its outputs are written
+    tasks: dict[str, TaskResult] = field(default_factory=dict)
+
+    def outputs(self, task: str) -> dict[str, dict]:
+        return self.tasks[task].outputs
+
+
+class Backend:
+    """One KFP 2.5 deployment: a namespace with its Secrets and pipeline root, ML Metadata and
+    the cache table that all its runs share.
+
+    `images` maps each image reference in the spec to the Dockerfile it is built from (its ENV
+    is the container's environment); `secrets` maps Secret name -> key -> value.
+    """
+
+    def __init__(
+        self,
+        pipeline_root: str,
+        images: dict[str, Path],
+        secrets: dict[str, dict[str, str]],
+        work_dir: Path,
+        namespace: str = "kubeflow",
+        publish_logs: bool = True,
+    ):
+        if not pipeline_root.startswith("s3://"):
+            raise UnsupportedByKubeflow(f"pipeline root {pipeline_root}: only s3:// is played")
+        self.pipeline_root, self.images, self.secrets = pipeline_root.rstrip("/"), images, secrets
+        self.work_dir, self.namespace, self.publish_logs = work_dir, namespace, publish_logs
+        # config/s3.go: the session of an s3 root whose kfp-launcher ConfigMap names no provider.
+        self.metadata = kfp_store.MetadataStore({"Provider": "s3", "Params": {"fromEnv": "true"}})
+
+    def run(self, spec: dict, platform: dict | None, parameter_values: dict) -> PipelineRun:
+        load_strictly(spec)
+        check_supported(spec, parameter_values, platform)
+        run_id = str(uuid.uuid4())
+        # metadata/client.go GetPipeline: the run's root under the pipeline root.
+        run = PipelineRun(run_id, f"{self.pipeline_root}/{spec['pipelineInfo']['name']}/{run_id}")
+        root_values = self._root_values(spec, parameter_values)
+        tasks = spec["root"]["dag"]["tasks"]
+        for task_name in _topological(tasks):
+            try:
+                run.tasks[task_name] = self._task(spec, platform, run, task_name, root_values)
+            except TaskFailed as failure:
+                raise TaskFailed(f"task {task_name} failed: {failure}") from None
+        return run
+
+    def _root_values(self, spec: dict, parameter_values: dict) -> dict:
+        """apiserver/template/v2_template.go validatePipelineJobInputs checks the values the user
+        sent (known names, types); argocompiler/argo.go then fills in defaults (null for an
+        optional parameter without one)."""
+        definitions = spec["root"]["inputDefinitions"].get("parameters", {})
+        unknown = set(parameter_values) - set(definitions)
+        if unknown:
+            raise UnsupportedByKubeflow(f"parameter(s) not required by pipeline: {sorted(unknown)}")
+        values = {}
+        for name, parameter in definitions.items():
+            if name in parameter_values:
+                if not _matches(parameter_values[name], parameter["parameterType"]):
+                    raise UnsupportedByKubeflow(
+                        f"input parameter {name} requires type {parameter['parameterType']}: "
+                        f"{parameter_values[name]!r}"
+                    )
+                values[name] = parameter_values[name]
+            else:
+                values[name] = parameter.get("defaultValue")
+        return values
+
+    def _task(self, spec, platform, run, task_name, root_values) -> TaskResult:
+        task = spec["root"]["dag"]["tasks"][task_name]
+        component = spec["components"][task["componentRef"]["name"]]
+        label = component["executorLabel"]
+        container = spec["deploymentSpec"]["executors"][label]["container"]
+        executor_input = {
+            "inputs": {
+                "parameterValues": _resolve_parameters(task, component, root_values),
+                "artifacts": {
+                    name: {"artifacts": [self._upstream(run, source["taskOutputArtifact"])]}
+                    for name, source in task.get("inputs", {}).get("artifacts", {}).items()
+                },
+            },
+            "outputs": self._provision_outputs(spec, run, task_name, component),
+        }
+        command_and_args = container.get("command", []) + container.get("args", [])
+        caching = task.get("cachingOptions", {}).get("enableCache", False)
+        fingerprint = (
+            kfp_store.fingerprint(executor_input, {}, command_and_args, container["image"])
+            if caching
+            else ""
+        )
+        pipeline_name = spec["pipelineInfo"]["name"]
+        cached = fingerprint and self.metadata.cached_execution(
+            fingerprint, pipeline_name, self.namespace
+        )
+        if cached:  # reuseCachedOutputs: the same artifacts, wherever they are now
+            outputs = self.metadata.executions[cached].outputs
+            self.metadata.new_execution(task_name, run.run_id, "CACHED", outputs)
+            return TaskResult("cached", self._as_inputs(outputs))
+
+        pod_root = self.work_dir / "pods" / run.run_id / task_name
+        pod = kfp_launcher.Pod.create(
+            pod_root,
+            self._image_env(container["image"]),
+            {variable["name"]: variable["value"] for variable in container.get("env", [])},
+            self._secret_env(platform, label),
+            container.get("resources", {}).get("memoryLimit"),
+        )
+        log_path = self.work_dir / "logs" / run.run_id / f"{task_name}.log"
+        # The pod's "/" is its root folder here: the output metadata file lives in its /tmp.
+        executor_input["outputs"]["outputFile"] = str(pod.path(kfp_launcher.OUTPUT_METADATA_FILE))
+        try:
+            artifacts = kfp_launcher.launch(
+                pod, executor_input, component, container, run.run_root, log_path, cwd=REPO_ROOT
+            )
+            outputs = {
+                name: self.metadata.record_artifact(name, artifact)
+                for name, artifact in artifacts.items()
+            }
+        except (TaskFailed, kfp_store.ArtifactRecordError) as failure:
+            self.metadata.new_execution(task_name, run.run_id, "FAILED", {})
+            raise TaskFailed(str(failure)) from failure
+        finally:
+            shutil.rmtree(pod_root, ignore_errors=True)  # the pod and its volumes are gone
+        execution = self.metadata.new_execution(task_name, run.run_id, "COMPLETE", outputs)
+        if fingerprint:
+            self.metadata.add_cache_entry(fingerprint, pipeline_name, self.namespace, execution)
+        return TaskResult("executed", self._as_inputs(outputs), log_path)
+
+    def expire(self, run: PipelineRun) -> int:
+        """Deletes every object a run wrote under its root, as an object-store lifecycle rule
+        (or an operator) does; ML Metadata and the cache table keep pointing at them."""
+        return kfp_launcher.delete_prefix(run.run_root + "/")
+
+    def _upstream(self, run: PipelineRun, source: dict) -> dict:
+        producer = run.tasks[source["producerTask"]]
+        return producer.outputs[source["outputArtifactKey"]]
+
+    def _as_inputs(self, outputs: dict[str, int]) -> dict[str, dict]:
+        return {name: self.metadata.runtime_artifact(i) for name, i in outputs.items()}
+
+    def _provision_outputs(self, spec, run, task_name, component) -> dict:
+        """driver.go provisionOutputs; the URI as metadata/client.go GenerateOutputURI builds it
+        under the run's root `<pipeline root>/<pipeline name>/<run id>`."""
+        declared = dict(component.get("outputDefinitions", {}).get("artifacts", {}))
+        if self.publish_logs:
+            declared[EXECUTOR_LOGS] = {"artifactType": {"schemaTitle": "system.Artifact"}}
+        salt = str(uuid.uuid4())
+        artifacts = {}
+        for key, definition in declared.items():
+            artifact = {"uri": f"{run.run_root}/{task_name}/{salt}/{key}"}
+            artifact["type"] = definition["artifactType"]
+            if "metadata" in definition:
+                artifact["metadata"] = definition["metadata"]
+            artifacts[key] = {"artifacts": [artifact]}
+        return {"artifacts": artifacts, "outputFile": kfp_launcher.OUTPUT_METADATA_FILE}
+
+    def _image_env(self, image: str) -> dict[str, str]:
+        if image not in self.images:
+            raise UnsupportedByKubeflow(f"image {image}: not one of {sorted(self.images)}")
+        return kfp_launcher.image_environment(self.images[image])
+
+    def _secret_env(self, platform: dict | None, executor_label: str) -> dict[str, str]:
+        """secretAsEnv: each key from the named Secret; a missing Secret or key stops the pod
+        (CreateContainerConfigError)."""
+        config = _platform_executors(platform).get(executor_label, {})
+        environment = {}
+        for secret in config.get("secretAsEnv", []):
+            values = self.secrets.get(secret["secretName"])
+            for mapping in secret["keyToEnv"]:
+                if values is None or mapping["secretKey"] not in values:
+                    raise TaskFailed(
+                        f"CreateContainerConfigError: secret {secret['secretName']} key "
+                        f"{mapping['secretKey']} not found in namespace {self.namespace}"
+                    )
+                environment[mapping["envVar"]] = values[mapping["secretKey"]]
+        return environment
+
+
+def _platform_executors(platform: dict | None) -> dict:
+    """The Kubernetes platform spec's per-executor configs (KubernetesExecutorConfig)."""
+    kubernetes = (platform or {}).get("platforms", {}).get("kubernetes", {})
+    return kubernetes.get("deploymentSpec", {}).get("executors", {})
+
+
+def _resolve_parameters(task: dict, component: dict, root_values: dict) -> dict:
+    """driver.go resolveInputs: values from the parent DAG or constants, then the type checks
+    and conversions of handleParamTypeValidationAndConversion."""
+    definitions = component.get("inputDefinitions", {}).get("parameters", {})
+    values = {}
+    for name, source in task.get("inputs", {}).get("parameters", {}).items():
+        if "componentInputParameter" in source:
+            value = root_values[source["componentInputParameter"]]
+            if value is None and definitions.get(name, {}).get("isOptional"):
+                continue  # a null for an optional input is left to the launcher's default
+            values[name] = value
+        else:
+            values[name] = source["runtimeValue"]["constant"]
+    for name, definition in definitions.items():
+        kind = definition["parameterType"]
+        if name not in values:
+            if definition.get("isOptional"):
+                continue
+            if "defaultValue" not in definition:
+                raise TaskFailed(f"neither value nor default value for parameter {name!r}")
+            # 2.5 does not apply the default here: it converts the missing value, so a STRING
+            # input becomes "" (the launcher then keeps it) and any other type fails.
+            if kind != "STRING":
+                raise TaskFailed(f"parameter {name} has unknown protobuf.Value type: <nil>")
+            values[name] = ""
+        elif kind == "STRING":
+            values[name] = _as_text(values[name])
+        elif values[name] is None:
+            raise TaskFailed(f"got null for input parameter {name!r}")
+        elif not _matches(values[name], kind):
+            raise TaskFailed(f"input parameter {name!r} type mismatch: expect {kind}")
+    return values
+
+
+def _matches(value, kind: str) -> bool:
+    """Whether a JSON value is the structpb kind a parameter type needs."""
+    if kind.startswith("NUMBER"):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    expected = {"STRING": str, "BOOLEAN": bool, "LIST": list, "STRUCT": dict}.get(kind)
+    return expected is not None and isinstance(value, expected)
+
+
+def _as_text(value) -> str:
+    """metadata/converter.go PbValueToText: null is "", numbers are printed in full (Go's
+    FormatFloat 'f', -1: no exponent), lists and structs as compact JSON."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return numpy.format_float_positional(float(value), trim="-")
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _topological(tasks: dict) -> list[str]:
@@ -71,104 +366,3 @@ def _topological(tasks: dict) -> list[str]:
         order.extend(ready)
         done.update(ready)
     return order
-
-
-def launcher_download(uri: str, path: str) -> None:
-    """The launcher's recursive download by prefix (a single object maps to the path itself)."""
-    prefix = uri.rstrip("/")
-    storage.copy_tree(prefix, path)
-    if storage.list_files(prefix) == [prefix]:
-        storage.write_bytes(path, storage.read_bytes(prefix))
-
-
-def launcher_upload(path: str, uri: str) -> None:
-    """The launcher's recursive upload; a missing local path uploads nothing."""
-    if os.path.isfile(path):
-        storage.write_bytes(uri, Path(path).read_bytes())
-    elif os.path.isdir(path):
-        storage.copy_tree(path, uri)
-
-
-def run(
-    spec: dict,
-    parameter_values: dict,
-    pipeline_root: str,
-    local_root: Path,
-    log_dir: Path,
-) -> dict[str, dict[str, dict]]:
-    """Runs every task; returns task -> output key -> RuntimeArtifact dict as recorded."""
-    load_strictly(spec)
-    check_supported(spec, parameter_values)
-    root_parameters = {
-        name: parameter_values.get(name, parameter.get("defaultValue"))
-        for name, parameter in spec["root"]["inputDefinitions"].get("parameters", {}).items()
-    }
-    run_id = uuid.uuid4().hex
-    pipeline_name = spec["pipelineInfo"]["name"]
-    tasks = spec["root"]["dag"]["tasks"]
-    recorded: dict[str, dict[str, dict]] = {}
-    artifact_ids = iter(range(1, 10_000))
-    environment = dict(os.environ, KFP_LOCAL_ARTIFACT_ROOT=str(local_root))
-    environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment['PATH']}"
-
-    for task_name in _topological(tasks):
-        task = tasks[task_name]
-        component = spec["components"][task["componentRef"]["name"]]
-        executor = spec["deploymentSpec"]["executors"][component["executorLabel"]]
-        if "importer" in executor:
-            raise UnsupportedByKubeflow(f"{task_name}: importer tasks are not exercised here")
-        inputs = {"parameterValues": {}, "artifacts": {}}
-        for name, source in task.get("inputs", {}).get("parameters", {}).items():
-            if "componentInputParameter" in source:
-                inputs["parameterValues"][name] = root_parameters[source["componentInputParameter"]]
-            elif "constant" in source.get("runtimeValue", {}):
-                inputs["parameterValues"][name] = source["runtimeValue"]["constant"]
-            else:
-                raise UnsupportedByKubeflow(f"{task_name}.{name}: parameter source {source}")
-        for name, source in task.get("inputs", {}).get("artifacts", {}).items():
-            producer = source["taskOutputArtifact"]
-            artifact = recorded[producer["producerTask"]][producer["outputArtifactKey"]]
-            inputs["artifacts"][name] = {"artifacts": [artifact]}
-            launcher_download(artifact["uri"], local_path(artifact["uri"], str(local_root)))
-        outputs = {"artifacts": {}, "outputFile": str(log_dir / task_name / "output_metadata.json")}
-        for key, definition in component.get("outputDefinitions", {}).get("artifacts", {}).items():
-            uri = f"{pipeline_root}/{pipeline_name}/{run_id}/{task_name}/{uuid.uuid4()}/{key}"
-            outputs["artifacts"][key] = {
-                "artifacts": [{"name": "", "type": definition["artifactType"], "uri": uri}]
-            }
-        executor_input = json.dumps({"inputs": inputs, "outputs": outputs})
-
-        container = executor["container"]
-        command = container["command"] + [
-            a.replace("{{$}}", executor_input) for a in container["args"]
-        ]
-        if any("{{$" in part for part in command):
-            raise UnsupportedByKubeflow(f"{task_name}: a placeholder other than {{{{$}}}}")
-        (log_dir / task_name).mkdir(parents=True, exist_ok=True)
-        with open(log_dir / task_name / "log.txt", "w") as log:
-            result = subprocess.run(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
-        if result.returncode != 0:
-            tail = (log_dir / task_name / "log.txt").read_text()[-3000:]
-            raise RuntimeError(f"task {task_name} exited {result.returncode}:\n{tail}")
-
-        reported = {}
-        if Path(outputs["outputFile"]).exists():
-            reported = json.loads(Path(outputs["outputFile"]).read_text()).get("artifacts", {})
-        recorded[task_name] = {}
-        for key, slot in outputs["artifacts"].items():
-            artifact = dict(slot["artifacts"][0], metadata={})
-            mine = reported.get(key, {}).get("artifacts", [{}])[0]
-            artifact["uri"] = mine.get("uri") or artifact["uri"]  # mergeRuntimeArtifacts
-            artifact["metadata"].update(mine.get("metadata", {}))
-            path = local_path(artifact["uri"], str(local_root))
-            if path is None:
-                raise UnsupportedByKubeflow(f"{task_name}.{key}: output URI {artifact['uri']}")
-            launcher_upload(path, artifact["uri"])
-            # What the next task's driver passes on: an id for a name, an empty instance schema.
-            recorded[task_name][key] = {
-                "name": str(next(artifact_ids)),
-                "type": {"instanceSchema": ""},
-                "uri": artifact["uri"],
-                "metadata": artifact["metadata"],
-            }
-    return recorded

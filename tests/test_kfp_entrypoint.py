@@ -34,6 +34,7 @@ def _executor_input(tmp_path) -> dict:
 
 def test_artifacts_point_at_the_launchers_local_copies_and_outputs_get_folders(tmp_path):
     executor_input = _executor_input(tmp_path)
+    (tmp_path / "s3/b/root/ExampleGen/u/examples").mkdir(parents=True)  # the launcher's download
     remote_of = kfp_entrypoint.localize(executor_input, local_root=str(tmp_path))
 
     examples = executor_input["inputs"]["artifacts"]["examples"]["artifacts"][0]["uri"]
@@ -42,6 +43,30 @@ def test_artifacts_point_at_the_launchers_local_copies_and_outputs_get_folders(t
     assert statistics == str(tmp_path / "gcs/g/root/StatisticsGen/u/statistics")
     assert (tmp_path / "gcs/g/root/StatisticsGen/u/statistics").is_dir()
     assert remote_of[statistics] == "gs://g/root/StatisticsGen/u/statistics"
+
+
+def test_the_launchers_log_file_is_left_to_the_launcher(tmp_path):
+    executor_input = _executor_input(tmp_path)
+    (tmp_path / "s3/b/root/ExampleGen/u/examples").mkdir(parents=True)
+    log_uri = "s3://b/root/StatisticsGen/u/executor-logs"
+    log_file = tmp_path / "s3/b/root/StatisticsGen/u/executor-logs"
+    log_file.parent.mkdir(parents=True)
+    log_file.write_text("launcher output so far")  # created by the launcher before the step
+    executor_input["outputs"]["artifacts"]["executor-logs"] = {
+        "artifacts": [{"uri": log_uri, "type": {"schemaTitle": "system.Artifact"}}]
+    }
+    kfp_entrypoint.prepare(executor_input, local_root=str(tmp_path))
+
+    assert set(executor_input["outputs"]["artifacts"]) == {"statistics"}  # what TFX sees
+    assert log_file.read_text() == "launcher output so far"
+
+
+def test_an_input_with_no_files_stops_the_step_naming_it(tmp_path):
+    executor_input = _executor_input(tmp_path)
+    with pytest.raises(kfp_entrypoint.MissingInputError) as failure:
+        kfp_entrypoint.prepare(executor_input, local_root=str(tmp_path))
+    assert "'examples' has no files at s3://b/root/ExampleGen/u/examples" in str(failure.value)
+    assert "start a new run" in str(failure.value)
 
 
 def test_reported_local_uris_are_turned_back_into_remote_ones(tmp_path):

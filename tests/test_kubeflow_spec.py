@@ -13,7 +13,7 @@ from kfp.kubernetes import kubernetes_executor_config_pb2
 
 from components.baseline import pushed_versions, serving_model_dir
 from pipelines import data, kubeflow_runner, serving, storage
-from pipelines.config import PipelineConfig
+from pipelines.config import REPO_ROOT, PipelineConfig
 from tests import kfp_harness
 
 
@@ -36,8 +36,10 @@ def test_spec_loads_strictly_and_has_nothing_open_source_kfp_rejects(documents):
         n: p["defaultValue"] for n, p in spec["root"]["inputDefinitions"]["parameters"].items()
     }
     assert defaults["span"] == -1 and defaults["train_steps"] == PipelineConfig().train_steps
-    assert spec["root"]["dag"]["tasks"]["ExampleGen"]["cachingOptions"] == {"enableCache": False}
-    assert spec["root"]["dag"]["tasks"]["Trainer"]["cachingOptions"] == {"enableCache": True}
+    tasks = spec["root"]["dag"]["tasks"]
+    for step in kubeflow_runner.UNCACHED_STEPS:
+        assert tasks[kubeflow_runner.task_name(step)]["cachingOptions"] == {"enableCache": False}
+    assert tasks["trainer"]["cachingOptions"] == {"enableCache": True}
     assert json.loads(defaults["beam_args"]) == list(PipelineConfig().beam_args)
     for task in spec["root"]["dag"]["tasks"].values():
         assert task["inputs"]["parameters"]["beam_args"] == {"componentInputParameter": "beam_args"}
@@ -111,7 +113,42 @@ def test_harness_refuses_what_open_source_kfp_cannot_run(documents, mutate, comp
         kfp_harness.check_supported(spec, parameter_values={})
 
 
-def test_compiled_spec_runs_task_by_task_and_pushes_a_model_that_predicts(
+def test_task_names_are_dns_labels_and_every_reference_follows_the_rename(documents):
+    spec, _ = documents
+    tasks = spec["root"]["dag"]["tasks"]
+    assert sorted(tasks) == sorted(kubeflow_runner.task_name(n) for n in spec["components"])
+    assert kubeflow_runner.task_name("LatestPushedModel") == "latest-pushed-model"
+    for name, task in tasks.items():
+        assert kfp_harness.DNS_1123_LABEL.match(name) and task["taskInfo"]["name"] == name
+        assert set(task.get("dependentTasks", [])) <= set(tasks)
+        for source in task.get("inputs", {}).get("artifacts", {}).values():
+            assert source["taskOutputArtifact"]["producerTask"] in tasks
+
+
+def test_task_names_that_collide_or_are_not_labels_stop_the_compile():
+    for clash in ({"FooBar": {}, "Foo_Bar": {}}, {"Evaluator.v2": {}}):
+        spec = {"root": {"dag": {"tasks": {n: {"taskInfo": {"name": n}} for n in clash}}}}
+        with pytest.raises(ValueError, match="taken twice or not a DNS-1123 label"):
+            kubeflow_runner._tasks_as_dns_labels(spec)
+
+
+def _backend(bucket: str, work_dir) -> kfp_harness.Backend:
+    """KFP 2.5 in namespace `kubeflow`: the compiled images' Dockerfiles, the credentials Secret."""
+    config = PipelineConfig()
+    return kfp_harness.Backend(
+        pipeline_root=f"s3://{bucket}/pipeline_root",
+        images={
+            config.cpu_image: REPO_ROOT / "kubeflow" / "Dockerfile",
+            config.gpu_image: REPO_ROOT / "kubeflow" / "Dockerfile.gpu",
+        },
+        secrets={
+            config.credentials_secret: {k: os.environ[k] for k in kubeflow_runner.SECRET_KEYS}
+        },
+        work_dir=work_dir,
+    )
+
+
+def test_compiled_spec_runs_twice_on_kfp_2_5_and_pushes_only_a_model_the_gate_blesses(
     documents, object_store, tmp_path
 ):
     bucket = object_store.new_bucket("kfp")
@@ -126,17 +163,14 @@ def test_compiled_spec_runs_task_by_task_and_pushes_a_model_that_predicts(
         "min_auc": 0.7,
         "min_accuracy": 0.6,
     }
-    recorded = kfp_harness.run(
-        documents[0],
-        parameters,
-        pipeline_root=f"s3://{bucket}/pipeline_root",
-        local_root=tmp_path / "launcher",
-        log_dir=tmp_path / "tasks",
-    )
+    backend = _backend(bucket, tmp_path)
+    first = backend.run(*documents, parameters)
 
-    assert recorded["ExampleGen"]["examples"]["metadata"]["span"] == 0
-    assert recorded["ExampleGen"]["examples"]["uri"].startswith(f"s3://{bucket}/pipeline_root/")
-    assert storage.list_files(recorded["Transform"]["transform_graph"]["uri"] + "/**")
+    assert {t.state for t in first.tasks.values()} == {"executed"}
+    examples = first.outputs("example-gen")["examples"]
+    assert examples["metadata"]["span"] == 0 and examples["uri"].startswith(first.run_root)
+    assert storage.list_files(first.outputs("transform")["transform_graph"]["uri"] + "/**")
+    assert storage.read_bytes(first.outputs("trainer")["executor-logs"]["uri"])  # the step's log
     versions = pushed_versions(serving_model_dir(serving_root, "taxi-tips"))
     assert list(versions) == [1]
     rows = serving.read_rows(storage.list_files(data_root + "/span-0/*.csv")[0], 200)
@@ -144,3 +178,41 @@ def test_compiled_spec_runs_task_by_task_and_pushes_a_model_that_predicts(
     assert ((probabilities > 0) & (probabilities < 1)).all()
     labels = np.array([int(r["big_tipper"]) for r in rows])
     assert probabilities[labels == 1].mean() > probabilities[labels == 0].mean() + 0.2
+
+    # The first run's artifacts are deleted (a lifecycle rule on the pipeline root), then the
+    # pipeline runs again on the same span, with a bar no model reaches. Nothing may be served
+    # from KFP's cache that points at the deleted files: every step runs, the Evaluator compares
+    # with the served version 1, refuses, and nothing is pushed.
+    assert backend.expire(first) > 0
+    second = backend.run(*documents, dict(parameters, min_auc=0.99))
+    assert {name: t.state for name, t in second.tasks.items()} == {
+        name: "executed" for name in first.tasks
+    }
+    baseline = second.outputs("latest-pushed-model")["baseline_model"]["metadata"]
+    assert baseline["baseline_version"] == 1
+    assert second.outputs("evaluator")["blessing"]["metadata"]["blessed"] == 0
+    assert second.outputs("pusher")["pushed_model"]["metadata"]["pushed"] == 0
+    assert list(pushed_versions(serving_model_dir(serving_root, "taxi-tips"))) == [1]
+
+
+def test_the_old_spec_that_cached_the_schema_step_fails_once_its_artifacts_are_gone(
+    documents, object_store, tmp_path
+):
+    # The compiled spec as it was before: curated-schema cached. A later run reuses the first
+    # run's schema artifact; once that is deleted, its first consumer stops with a named error.
+    # (Cut down to the steps involved: a run of curated-schema alone makes the cache entry.)
+    spec = copy.deepcopy(documents[0])
+    tasks = spec["root"]["dag"]["tasks"]
+    tasks["curated-schema"]["cachingOptions"] = {"enableCache": True}
+    involved = {"example-gen", "statistics-gen", "curated-schema", "example-validator"}
+    for name in set(tasks) - involved:
+        del tasks[name]
+    schema_only = copy.deepcopy(spec)
+    schema_only["root"]["dag"]["tasks"] = {"curated-schema": tasks["curated-schema"]}
+    bucket = object_store.new_bucket("kfp-old")
+    data.write_span(f"s3://{bucket}/data", 0, 500)
+    backend = _backend(bucket, tmp_path)
+    first = backend.run(schema_only, documents[1], {})
+    assert backend.expire(first) > 0
+    with pytest.raises(kfp_harness.TaskFailed, match="input artifact 'schema' has no files"):
+        backend.run(spec, documents[1], {"data_root": f"s3://{bucket}/data"})

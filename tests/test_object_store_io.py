@@ -2,19 +2,21 @@
 
 STACK.md: TensorFlow's own `s3://` client returns wrong data or hangs on SeaweedFS for large
 files and vocabulary tables. Nothing here reads `s3://` through TensorFlow: the Kubeflow launcher
-(played by tests/kfp_harness.py) copies artifacts to local disk, and the project's own IO goes
+(played by tests/kfp_launcher.py) copies artifacts to local disk, and the project's own IO goes
 through Beam and boto3. This test pins that path with the two cases that broke: a TFRecord file
 over 10 MB and a vocabulary table read to its last line.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import tensorflow as tf
 
 from pipelines import storage
 from pipelines.kfp_entrypoint import local_path
-from tests.kfp_harness import launcher_download
+from tests.kfp_launcher import download
 
 
 def test_large_tfrecord_and_vocabulary_survive_the_round_trip(object_store, tmp_path):
@@ -32,7 +34,7 @@ def test_large_tfrecord_and_vocabulary_survive_the_round_trip(object_store, tmp_
     assert local_records.stat().st_size > 10 * 1024 * 1024
 
     staged = local_path(artifact, str(tmp_path / "launcher"))
-    launcher_download(artifact, staged)
+    download(artifact, Path(staged))
 
     read_back = [r.numpy() for r in tf.data.TFRecordDataset(f"{staged}/data.tfrecord")]
     assert read_back == records
