@@ -3,9 +3,9 @@
 A test of the compiled artifact, not an orchestrator: it runs a spec as the 2.5 backend's API
 server, driver and launcher would, across several runs, and refuses what it does not emulate.
 Each rule names the file of kubeflow/pipelines at tag 2.5.0 (backend/src/...) that it follows:
-- the API server: root parameters take the run's values, else their defaults; a required one
-  with neither, or a number sent as a string, is rejected (apiserver/template/v2_template.go,
-  v2/compiler/argocompiler/argo.go);
+- the API server: root parameters take the run's values, else their defaults; unknown names,
+  values of the wrong type and a required parameter with neither are rejected
+  (apiserver/template/v2_template.go, v2/compiler/argocompiler/argo.go);
 - the driver, per task (v2/driver/driver.go Container): input parameters and their type checks
   and conversions (resolveInputs), input artifacts as the consumer receives them from ML Metadata
   (kfp_store.py), output URIs `<root>/<pipeline>/<run>/<task>/<uuid>/<key>` plus the
