@@ -78,22 +78,22 @@ def localize(executor_input: dict, local_root: str | None = None) -> dict[str, s
     for section in ("inputs", "outputs"):
         for name, artifacts in executor_input.get(section, {}).get("artifacts", {}).items():
             for artifact in artifacts.get("artifacts", []):
-                path = local_path(artifact.get("uri", ""), local_root)
                 uri = artifact.get("uri", "")
+                path = local_path(uri, local_root)
                 if section == "inputs" and path is None and uri.startswith("/"):
                     path = uri  # a step reported a local path: nothing was uploaded
                 if path is None:
                     continue
                 if section == "inputs" and not os.path.exists(path):
                     raise MissingInputError(
-                        f"input artifact {name!r} has no files at {artifact['uri']}. Either "
+                        f"input artifact {name!r} has no files at {uri}. Either "
                         "they were deleted after the step that made them ran (a retried old "
                         "run, or a step served from Kubeflow's cache, hands on earlier outputs "
                         "as they are): start a new run, in which every step of this pipeline "
                         "makes its outputs afresh. Or that step did not upload its output, a "
                         "bug in it: see its log."
                     )
-                remote_of[path] = artifact["uri"]
+                remote_of[path] = uri
                 artifact["uri"] = path
                 if section == "outputs":
                     os.makedirs(path, exist_ok=True)

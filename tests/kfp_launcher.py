@@ -150,29 +150,33 @@ def _tree_rss(process: psutil.Process) -> int:
     return total
 
 
-def download(uri: str, destination: Path) -> None:
-    """objectstore/object_store.go DownloadBlob: every object whose key starts with the URI's key
-    (a string prefix), to its relative path; a prefix with no objects downloads nothing."""
-    bucket, key = storage.split_s3(uri)
+def _keys_under(uri: str):
+    """(client, bucket, key prefix, object keys): every object whose key starts with the URI's
+    key, a string prefix as the launcher lists it."""
+    bucket, prefix = storage.split_s3(uri)
     client = s3_client()
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
-        for item in page.get("Contents", []):
-            relative = os.path.relpath(item["Key"], key)
-            target = destination if relative == "." else destination / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, item["Key"], str(target))
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+    return client, bucket, prefix, keys
+
+
+def download(uri: str, destination: Path) -> None:
+    """objectstore/object_store.go DownloadBlob: every object under the URI's key, to its
+    relative path; a prefix with no objects downloads nothing."""
+    client, bucket, prefix, keys = _keys_under(uri)
+    for key in keys:
+        relative = os.path.relpath(key, prefix)
+        target = destination if relative == "." else destination / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file(bucket, key, str(target))
 
 
 def delete_prefix(uri: str) -> int:
-    """Deletes every object whose key starts with the URI's key; returns how many."""
-    bucket, key = storage.split_s3(uri)
-    client = s3_client()
-    deleted = 0
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
-        for item in page.get("Contents", []):
-            client.delete_object(Bucket=bucket, Key=item["Key"])
-            deleted += 1
-    return deleted
+    """Deletes every object under the URI's key; returns how many."""
+    client, bucket, _, keys = _keys_under(uri)
+    for key in keys:
+        client.delete_object(Bucket=bucket, Key=key)
+    return len(keys)
 
 
 def upload(source: Path, uri: str) -> None:

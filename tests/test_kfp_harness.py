@@ -121,6 +121,11 @@ def backend(object_store, tmp_path):
     )
 
 
+def _written(run: kfp_harness.PipelineRun):
+    """The JSON the producer step wrote to its `out` artifact (PRELUDE's write)."""
+    return json.loads(storage.read_bytes(run.outputs("producer")["out"]["uri"] + "/data.txt"))
+
+
 PRODUCER = {"script": "write('out', parameters['message'])", "outputs": ["out"]}
 CONSUMER = {
     "script": "print('consumed', read('data')); write('copy', read('data'))",
@@ -186,8 +191,7 @@ def test_a_pod_gets_the_image_env_the_secret_and_kfps_variables_not_the_test_pro
         "outputs": ["out"],
     }
     run = backend.run(spec_of({"producer": shows_env}), PLATFORM, {})
-    written = storage.read_bytes(run.outputs("producer")["out"]["uri"] + "/data.txt")
-    environment = json.loads(written)
+    environment = _written(run)
     assert "ONLY_IN_THE_TEST_PROCESS" not in environment
     assert set(SECRET) | {"KFP_POD_NAME", "KFP_POD_UID", "VIRTUAL_ENV"} <= set(environment)
     assert environment["HOME"].endswith("/home/step")
@@ -301,7 +305,7 @@ def test_parameters_are_checked_and_converted_as_the_25_driver_does(backend):
     task["inputs"]["parameters"]["count"] = {"componentInputParameter": "count"}
     # 2.5 checks only that a NUMBER_INTEGER value is a number, and prints it in full as text.
     run = backend.run(spec, PLATFORM, {"count": 1e-05})
-    received = json.loads(storage.read_bytes(run.outputs("producer")["out"]["uri"] + "/data.txt"))
+    received = _written(run)
     assert received == {"message": "hello", "greeting": "", "count": "0.00001"}
     with pytest.raises(UnsupportedByKubeflow, match="count requires type NUMBER_INTEGER"):
         backend.run(spec, PLATFORM, {"count": "3"})
