@@ -41,13 +41,13 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	touch $@
 
 run: venv
-	$(PY) -m pipelines.cli run $(ARGS)
+	@$(PY) -m pipelines.cli run $(ARGS)
 
 add-span: venv
-	$(PY) -m pipelines.cli add-span $(ARGS)
+	@$(PY) -m pipelines.cli add-span $(ARGS)
 
 store: venv
-	$(PY) -m pipelines.cli store $(ARGS)
+	@$(PY) -m pipelines.cli store $(ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check pipelines components tests
@@ -70,4 +70,4 @@ clean:
 
 # Kubeflow: regenerate kubeflow/pipeline.yaml (commit it; a test fails when it is stale).
 compile: venv
-	$(PY) -m pipelines.cli compile $(ARGS)
+	@$(PY) -m pipelines.cli compile $(ARGS)

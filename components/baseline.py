@@ -17,6 +17,7 @@ from tfx.types import artifact_utils, component_spec, standard_artifacts
 from tfx.utils import path_utils
 
 from pipelines import storage
+from pipelines.config import check_run_parameters
 
 _log = logging.getLogger(__name__)
 
@@ -28,6 +29,11 @@ NO_BASELINE_FILE = "NO_BASELINE.txt"
 def serving_model_dir(serving_root: str, model_name: str) -> str:
     """Where the numbered versions of `model_name` live: `<serving_root>/<model_name>`."""
     return storage.join(serving_root, model_name)
+
+
+def serving_parameters(exec_properties: dict) -> dict:
+    """The run parameters that locate the served model, for `check_run_parameters`."""
+    return {name: exec_properties[name] for name in ("serving_root", "model_name")}
 
 
 def pushed_versions(serving_model_dir: str) -> dict[int, str]:
@@ -42,6 +48,7 @@ def pushed_versions(serving_model_dir: str) -> dict[int, str]:
 class LatestPushedModelExecutor(base_executor.BaseExecutor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         baseline = artifact_utils.get_single_instance(output_dict["baseline_model"])
+        check_run_parameters("LatestPushedModel", serving_parameters(exec_properties))
         versions_dir = serving_model_dir(
             exec_properties["serving_root"], exec_properties["model_name"]
         )

@@ -18,6 +18,7 @@ from tfx.utils import proto_utils
 
 from components import features
 from components.baseline import BASELINE_VERSION_KEY, NO_BASELINE
+from pipelines.config import check_run_parameters
 
 
 def eval_config(min_auc: float, min_accuracy: float, max_auc_drop: float) -> tfma.EvalConfig:
@@ -63,11 +64,11 @@ def eval_config(min_auc: float, min_accuracy: float, max_auc_drop: float) -> tfm
 class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         properties = dict(exec_properties)
-        config = eval_config(
-            float(properties.pop("min_auc")),
-            float(properties.pop("min_accuracy")),
-            float(properties.pop("max_auc_drop")),
-        )
+        thresholds = {
+            name: properties.pop(name) for name in ("min_auc", "min_accuracy", "max_auc_drop")
+        }
+        check_run_parameters("Evaluator", thresholds)
+        config = eval_config(**thresholds)
         properties["eval_config"] = proto_utils.proto_to_json(config)
         # A baseline artifact without a model (nothing pushed yet) is dropped: the first model is
         # judged on the value thresholds alone.

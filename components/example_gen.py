@@ -2,14 +2,16 @@
 
 Stock CsvExampleGen resolves `{SPAN}` in a driver, which open-source Kubeflow Pipelines never runs
 (it has no `preCacheCheck` hook), and reads through TensorFlow's `s3://` client, which is broken
-against SeaweedFS (STACK.md). Here the executor lists `<input_base>/span-N/` itself, so the same
-component behaves the same under every runner, and Beam's boto3-based IO does all the reading.
+against SeaweedFS (README.md, "Object storage notes"). Here the executor lists
+`<input_base>/span-N/` itself, so the same component behaves the same under every runner, and
+Beam's boto3-based IO does all the reading.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import uuid
 from typing import Any
 
 import apache_beam as beam
@@ -28,6 +30,7 @@ from tfx_bsl.coders import csv_decoder
 
 from components.features import SPAN_PREFIX
 from pipelines import storage
+from pipelines.config import check_run_parameters
 from pipelines.errors import ActionableError
 
 _log = logging.getLogger(__name__)
@@ -55,7 +58,11 @@ def resolve_span(input_base: str, span: int) -> tuple[int, list[storage.FileInfo
         )
     files = storage.list_file_infos(spans[chosen] + "*.csv")
     if not files:
-        raise ExampleGenInputError(f"{spans[chosen]} holds no .csv files")
+        raise ExampleGenInputError(
+            f"{spans[chosen]} holds no .csv files: write the span's CSV files there, or remove "
+            "the folder (a span folder counts as soon as it holds any file), or set the span "
+            "parameter to another span."
+        )
     return chosen, files
 
 
@@ -121,7 +128,9 @@ class Executor(csv_executor.Executor):
 
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         input_base = exec_properties["input_base"]
-        span, files = resolve_span(input_base, int(exec_properties.get("span", LATEST_SPAN)))
+        requested = exec_properties.get("span", LATEST_SPAN)
+        check_run_parameters("ExampleGen", {"data_root": input_base, "span": requested})
+        span, files = resolve_span(input_base, requested)
         columns = _check_csv_files(files)
         _log.info("ExampleGen: reading span %d (%d files) from %s", span, len(files), input_base)
         exec_properties = dict(
@@ -150,8 +159,11 @@ class CacheKeyDriver(base_driver.BaseDriver, portable_base_driver.BaseDriver):
                 properties["input_base"], int(properties.get("span", LATEST_SPAN))
             )
             properties["input_fingerprint"] = f"span-{span}:{fingerprint(files)}"
-        except (ExampleGenInputError, storage.StorageError) as e:
-            properties["input_fingerprint"] = f"unresolved:{e}"  # the executor reports the error
+        except (ExampleGenInputError, storage.StorageError):
+            # The executor reports the error. A key that no other run can have: a key derived
+            # from the error would let a later run with the same error (an unreachable store)
+            # reuse an execution that succeeded after this one's store came back.
+            properties["input_fingerprint"] = f"unresolved:{uuid.uuid4().hex}"
         result = driver_output_pb2.DriverOutput()
         for key, value in properties.items():
             if value is not None:

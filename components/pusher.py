@@ -1,8 +1,8 @@
 """Pusher that writes numbered versions (1, 2, 3, ...) for TF Serving and never overwrites one.
 
 Stock Pusher names versions by Unix time, which two pushes in one second share, writes through
-TensorFlow's gfile, which cannot reach SeaweedFS reliably (STACK.md), and takes its destination
-inside a proto that Kubeflow users could not set per run.
+TensorFlow's gfile, which cannot reach SeaweedFS reliably (README.md, "Object storage notes"),
+and takes its destination inside a proto that Kubeflow users could not set per run.
 """
 
 from __future__ import annotations
@@ -15,15 +15,37 @@ from tfx.components.pusher import executor as pusher_executor
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 
-from components.baseline import serving_model_dir
+from components.baseline import serving_model_dir, serving_parameters
 from pipelines import storage
+from pipelines.config import check_run_parameters
 
 _log = logging.getLogger(__name__)
+
+
+def push_version(model_path: str, versions_dir: str, version: int) -> str:
+    """Copies the model under `model_path` to `<versions_dir>/<version>/`; returns that folder.
+
+    Refuses, writing nothing, when the folder already holds any file: a version is never
+    overwritten, since TF Serving may be serving it and clients may pin it.
+    """
+    serving_path = storage.join(versions_dir, str(version))
+    existing = storage.list_files(serving_path + "/**")
+    if existing:
+        raise FileExistsError(
+            f"{serving_path} already holds {len(existing)} file(s); a version is never "
+            "overwritten: push to a new version number, or delete that folder by hand if it "
+            "is a leftover that nothing serves."
+        )
+    # saved_model.pb last: TF Serving treats a version as ready once it is there.
+    count = storage.copy_tree(model_path, serving_path, last="saved_model.pb")
+    _log.info("Pushed version %d (%d files) to %s", version, count, serving_path)
+    return serving_path
 
 
 class VersionedPusherExecutor(pusher_executor.Executor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         pushed_model = artifact_utils.get_single_instance(output_dict["pushed_model"])
+        check_run_parameters("Pusher", serving_parameters(exec_properties))
         if not self.CheckBlessing(input_dict):
             self._MarkNotPushed(pushed_model)
             return
@@ -33,12 +55,7 @@ class VersionedPusherExecutor(pusher_executor.Executor):
         )
         # Half-written versions (no saved_model.pb yet) count too: their number is never reused.
         version = max(storage.numbered_children(versions_dir), default=0) + 1
-        serving_path = storage.join(versions_dir, str(version))
-        if storage.list_files(serving_path + "/**"):
-            raise FileExistsError(f"{serving_path} already exists; refusing to overwrite a version")
-        # saved_model.pb last: TF Serving treats a version as ready once it is there.
-        count = storage.copy_tree(model_path, serving_path, last="saved_model.pb")
-        _log.info("Pushed version %d (%d files) to %s", version, count, serving_path)
+        serving_path = push_version(model_path, versions_dir, version)
         self._MarkPushed(pushed_model, pushed_destination=serving_path, pushed_version=str(version))
 
 

@@ -18,10 +18,15 @@ from tfx.types import component_spec, standard_artifacts
 from tfx.types.standard_component_specs import TrainerSpec
 from tfx.utils import proto_utils
 
+from pipelines.config import check_run_parameters
+
 
 class TunableTrainerExecutor(trainer_executor.GenericExecutor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         properties = dict(exec_properties)
+        check_run_parameters(
+            "Trainer", {name: properties[name] for name in ("train_steps", "epochs")}
+        )
         train_args = trainer_pb2.TrainArgs(num_steps=int(properties.pop("train_steps")))
         properties["train_args"] = proto_utils.proto_to_json(train_args)
         custom_config = json.loads(properties.get("custom_config") or "null") or {}

@@ -1,75 +1,61 @@
-"""Command line: `python -m pipelines.cli COMMAND`; `--help` on each.
+"""Command line: `tkp COMMAND` (or `python -m pipelines.cli COMMAND`); `--help` on each.
 
 Local: run, add-span, store. Kubeflow: compile, submit, schedule, pause, resume.
+
+The console shows progress, results and errors. Each command writes a log of its own,
+`.work/logs/<command>-<time>-<pid>.log`, with everything the libraries print and, when something
+fails, the full traceback; an error on the console names that file.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
-import warnings
+import traceback
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines, even in the log
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-warnings.filterwarnings("ignore", category=FutureWarning)
 
-from pipelines.config import WORK_DIR, ConfigError, PipelineConfig, parse_assignments  # noqa: E402
-from pipelines.errors import actionable_cause  # noqa: E402
+from pipelines import console  # noqa: E402
+from pipelines.config import (  # noqa: E402
+    SPEC_PATH,
+    ConfigError,
+    PipelineConfig,
+    check_values,
+    parse_assignments,
+)
+from pipelines.errors import ActionableError, actionable_cause  # noqa: E402
 
 
-def _config(args: argparse.Namespace) -> PipelineConfig:
-    return PipelineConfig.load(parse_assignments(args.set or []))
-
-
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import data, local_runner, serving
     from pipelines.run_summary import format_summary
 
-    config = _config(args)
-    log_path = WORK_DIR / "logs" / f"run-{time.strftime('%Y%m%d-%H%M%S')}.log"
     started = time.monotonic()
     with local_runner.object_store(config, keep=args.keep_store):
         local_runner.ensure_data(config)
-        print(f"Running pipeline {config.pipeline_name!r} (full log: {log_path}) ...", flush=True)
-        summary = local_runner.run_pipeline(config, log_path=log_path)
+        print(f"Running pipeline {config.pipeline_name!r} (full log: {args.log_path}) ...")
+        summary = local_runner.run_pipeline(config, log_path=args.log_path)
         print(format_summary(summary))
-        served = summary.pushed_path or _latest_served(config)
-        if served:
-            span = data.existing_spans(config.data_root)[-1]
-            csv_path = storage_first_csv(data.span_dir(config.data_root, span))
-            rows = serving.read_rows(csv_path, limit=5)
-            probabilities = serving.predict(served, rows)
-            print(f"\nPredictions of {served} on the first rows of span {span}:")
-            print(f"  {'payment_type':<12} {'fare':>7} {'miles':>6}  P(big tip)  actual")
-            for row, p in zip(rows, probabilities, strict=False):
-                print(f"  {row['payment_type']:<12} {row['fare']:>7} {row['trip_miles']:>6}  "
-                      f"{p:10.3f}  {row['big_tipper']}")  # fmt: skip
+        served = summary.pushed_path or local_runner.latest_served(config)
+        if served and summary.span is not None:
+            span_dir = data.span_dir(config.data_root, summary.span)
+            print("\n" + "\n".join(serving.sample_predictions(served, span_dir)))
     print(f"\nDone in {time.monotonic() - started:.0f} s.")
     return 0
 
 
-def _latest_served(config: PipelineConfig) -> str | None:
-    from components.baseline import pushed_versions
-
-    versions = pushed_versions(config.serving_model_dir)
-    return versions[max(versions)] if versions else None
-
-
-def storage_first_csv(span_dir: str) -> str:
-    from pipelines import storage
-
-    return storage.list_files(span_dir.rstrip("/") + "/*.csv")[0]
-
-
-def cmd_add_span(args: argparse.Namespace) -> int:
+def cmd_add_span(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import data, local_runner
 
-    config = _config(args)
-    rows = args.rows or config.rows_per_span
+    rows = config.rows_per_span if args.rows is None else args.rows
     drift = config.drift if args.drift is None else args.drift
+    check_values("add-span", {"rows_per_span": rows, "drift": drift},
+                 sources={"rows_per_span": "--rows", "drift": "--drift"})  # fmt: skip
     with local_runner.object_store(config):
         span = data.add_next_span(config.data_root, rows, seed=config.seed, drift=drift)
     print(
@@ -78,26 +64,28 @@ def cmd_add_span(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_store(args: argparse.Namespace) -> int:
+def cmd_store(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import local_runner
 
-    config = _config(args)
-    with local_runner.object_store(config) as endpoint:
-        print(f"Object store at {endpoint}; Ctrl-C stops it.")
-        key_id = os.environ["AWS_ACCESS_KEY_ID"]
-        print(f"  export AWS_ENDPOINT_URL_S3={endpoint} AWS_ACCESS_KEY_ID={key_id} "
-              "AWS_SECRET_ACCESS_KEY=<any> AWS_REGION=us-east-1")  # fmt: skip
-        try:
+    try:
+        with local_runner.object_store(config) as store:
+            if not store.started_here:
+                print(f"Nothing to start: an object store already answers at {store.endpoint}.")
+                return 0
+            print(f"Object store at {store.endpoint}; Ctrl-C stops it. For other shells:")
+            # SeaweedFS without an IAM config accepts any key: never echo the user's own.
+            print(f"  export AWS_ENDPOINT_URL_S3={store.endpoint} AWS_ACCESS_KEY_ID=<any> "
+                  "AWS_SECRET_ACCESS_KEY=<any> AWS_REGION=us-east-1", flush=True)  # fmt: skip
             while True:
                 time.sleep(3600)
-        except KeyboardInterrupt:
-            return 0
+    except KeyboardInterrupt:
+        print("Object store stopped.")
+        return 0
 
 
-def cmd_compile(args: argparse.Namespace) -> int:
+def cmd_compile(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import kubeflow_runner
 
-    config = _config(args)
     path = kubeflow_runner.write(config, Path(args.output))
     print(f"Wrote {path} (cpu image {config.cpu_image}, gpu image {config.gpu_image}).")
     return 0
@@ -107,30 +95,25 @@ def _parameters(args: argparse.Namespace) -> dict[str, str]:
     return parse_assignments(args.param or [], flag="--param")
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
+def cmd_submit(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
-    config = _config(args)
-    run_id = kfp_client.submit(
-        args.endpoint, args.package, config.pipeline_name, _parameters(args), args.experiment
-    )
-    print(f"Started run {run_id} of {config.pipeline_name!r} on {args.endpoint}.")
+    run_id = kfp_client.submit(args.endpoint, args.package, _parameters(args), args.experiment)
+    print(f"Started run {run_id} of {args.package} on {args.endpoint}.")
     return 0
 
 
-def cmd_schedule(args: argparse.Namespace) -> int:
+def cmd_schedule(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
-    config = _config(args)
     job_id = kfp_client.schedule(
-        args.endpoint, args.package, config.pipeline_name, args.cron, _parameters(args),
-        args.experiment, args.name,
-    )  # fmt: skip
+        args.endpoint, args.package, args.cron, _parameters(args), args.experiment, args.name
+    )
     print(f"Created recurring run {job_id} ({args.name}, cron {args.cron!r}) on {args.endpoint}.")
     return 0
 
 
-def cmd_pause(args: argparse.Namespace) -> int:
+def cmd_pause(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
     kfp_client.pause(args.endpoint, args.recurring_run_id)
@@ -138,7 +121,7 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_resume(args: argparse.Namespace) -> int:
+def cmd_resume(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
     kfp_client.resume(args.endpoint, args.recurring_run_id)
@@ -146,34 +129,56 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+class _RefuseSet(argparse.Action):
+    """`--set` on a Kubeflow command: the config is compiled into the spec, so refuse it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        hint = "its run parameters are `--param NAME=VALUE`; " if parser.has_param else ""
+        parser.error(
+            f"--set changes the compiled spec and has no effect here: {hint}"
+            "compile config changes with `compile --set FIELD=VALUE`"
+        )
+
+
+def _prog() -> str:
+    """How the user started the CLI, for --help and errors."""
+    installed = sys.argv and Path(sys.argv[0]).name == "tkp"  # the console script (pyproject)
+    return "tkp" if installed else "python -m pipelines.cli"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.cli", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog=_prog(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def add(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+    def add(name: str, handler, help_text: str, config: bool = True) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument(
-            "--set",
-            action="append",
-            metavar="FIELD=VALUE",
-            help="override a config field (pipelines/config.py); repeatable",
-        )
-        sub.set_defaults(handler=handler)
+        sub.has_param = False
+        if config:
+            sub.add_argument(
+                "--set",
+                action="append",
+                metavar="FIELD=VALUE",
+                help="override a config field (pipelines/config.py); repeatable",
+            )
+        else:
+            sub.add_argument("--set", action=_RefuseSet, help=argparse.SUPPRESS)
+        sub.set_defaults(handler=handler, uses_config=config)
         return sub
 
     run = add(
         "run", cmd_run, "Run the whole pipeline locally (LocalDagRunner) and show the result."
     )
     run.add_argument(
-        "--keep-store", action="store_true", help="leave the embedded object store running"
+        "--keep-store",
+        action="store_true",
+        help="leave the embedded object store running; the next command reuses it",
     )
     span = add("add-span", cmd_add_span, "Generate the next data span into the data root.")
     span.add_argument("--rows", type=int, help="rows in the new span (default: rows_per_span)")
-    span.add_argument("--drift", type=float, help="drift strength (0: none; 1: strong)")
+    span.add_argument("--drift", type=float, help="drift strength, >= 0 (0: none; 1: strong)")
     add("store", cmd_store, "Start the embedded object store in the foreground.")
-
-    from pipelines.kubeflow_runner import SPEC_PATH
-
     compile_ = add(
         "compile", cmd_compile, "Compile the pipeline into a Kubeflow Pipelines v2 spec."
     )
@@ -182,13 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     def add_kfp(
         name: str, handler, help_text: str, package: bool = True
     ) -> argparse.ArgumentParser:
-        sub = add(name, handler, help_text)
+        sub = add(name, handler, help_text, config=False)
         sub.add_argument(
             "--endpoint",
             default=os.environ.get("KFP_ENDPOINT", "http://localhost:8080"),
             help="KFP API endpoint (default: $KFP_ENDPOINT or http://localhost:8080)",
         )
         if package:
+            sub.has_param = True
             sub.add_argument("--package", default=str(SPEC_PATH), help="compiled spec to upload")
             sub.add_argument("--experiment", default="taxi-tips", help="KFP experiment")
             sub.add_argument("--param", action="append", metavar="NAME=VALUE",
@@ -210,22 +216,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_signal(signum: int, frame) -> None:
+    """SIGTERM and SIGHUP end in the same clean-up as an error (the object store is stopped)."""
+    print(f"\nStopping: received {signal.Signals(signum).name}.", file=console.err, flush=True)
+    raise SystemExit(128 + signum)
+
+
+def _report(error: Exception, log, log_path: Path) -> int:
+    """One clear error on the console; the traceback in this command's log."""
+    log.write(f"\n{time.strftime('%Y-%m-%d %H:%M:%S')} {args_line()} failed:\n")
+    log.write("".join(traceback.format_exception(error)))
+    log.flush()
+    cause = actionable_cause(error)
+    if isinstance(cause, ActionableError):
+        print(f"\nerror: {cause}", file=console.err)
+        print(f"The full log is in {log_path}.", file=console.err)
+        return 2 if isinstance(cause, ConfigError) else 1
+    print(f"\nerror: {type(cause).__name__}: {cause}", file=console.err)
+    print(f"This is not a known input or setup problem; the traceback is in {log_path}.",
+          file=console.err)  # fmt: skip
+    return 1
+
+
+def args_line() -> str:
+    return " ".join([_prog(), *sys.argv[1:]])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        code = args.handler(args)
+    try:  # before anything heavy is imported: a typo fails within a second
+        config = (
+            PipelineConfig.load(parse_assignments(args.set or [])) if args.uses_config else None
+        )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        code = 2
-    except Exception as e:  # a failed step: say which and what to do, not a 200-line trace
-        cause = actionable_cause(e)
-        print(f"\nerror: {type(cause).__name__}: {cause}", file=sys.stderr)
-        logs = sorted((WORK_DIR / "logs").glob("run-*.log")) if args.command == "run" else []
-        if logs:
-            print(f"The full log is in {logs[-1]}.", file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
+        return 2
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
+    args.log_path = console.new_log_path(args.command)
+    with console.output_to_log(args.log_path) as log:
+        try:
+            code = args.handler(args, config)
+        except KeyboardInterrupt:
+            print("\nInterrupted.", file=console.err)
+            code = 130
+        except Exception as error:
+            code = _report(error, log, args.log_path)
     return code
 
 

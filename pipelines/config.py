@@ -1,26 +1,44 @@
-"""The one configuration object every runner uses.
+"""The one configuration object every runner uses, and the one set of rules for its values.
 
 Values come from, in order of precedence: `--set field=value` on the command line, environment
 variables `PIPELINE_<FIELD>` (upper case), then the defaults below. Object-store endpoint and
 credentials are never fields: they come from the environment only (AWS_ENDPOINT_URL_S3,
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION), or from a Kubernetes Secret on Kubeflow.
+
+The rules (`problems`) check the config when it is built and, through `check_run_parameters`,
+the run parameters each executor receives: on Kubeflow a run's parameters come from the UI or a
+recurring run and never pass through this config.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
 import os
+import re
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from pipelines.errors import ActionableError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_DIR = Path(os.environ.get("PIPELINE_WORK_DIR", REPO_ROOT / ".work"))
+SPEC_PATH = REPO_ROOT / "kubeflow" / "pipeline.yaml"
+ENV_PREFIX = "PIPELINE_"
+# PIPELINE_* variables that are not config fields but are read elsewhere.
+OTHER_ENV = {"PIPELINE_WORK_DIR"}
 
 
 class ConfigError(ActionableError, ValueError):
     """A configuration value is invalid; the message names the field and the fix."""
+
+    def __init__(self, message: str, problems: list[tuple[str, str]] | None = None):
+        super().__init__(message)
+        self.problems = problems or []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +70,9 @@ class PipelineConfig:
     drift: float = 0.0
     seed: int = 42
     beam_args: tuple[str, ...] = ("--direct_running_mode=in_memory", "--direct_num_workers=1")
-    # Kubeflow: the artifact root every step shares, the images (exact tags), resources, GPU
-    # placement, and the Kubernetes Secret whose keys become every step's S3 environment.
+    # Kubeflow: the artifact root every step shares, the images (exact tags), resources
+    # (Kubernetes quantities: `2`, `500m`; `8G`, `8Gi`), GPU placement, and the Kubernetes Secret
+    # whose keys become every step's S3 environment.
     kfp_pipeline_root: str = "s3://tfx-pipeline/pipeline_root"
     cpu_image: str = "registry.example.com/tfx-taxi-tips:0.1.0"
     gpu_image: str = "registry.example.com/tfx-taxi-tips-gpu:0.1.0"
@@ -71,95 +90,354 @@ class PipelineConfig:
         return f"{self.serving_root.rstrip('/')}/{self.model_name}"
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("train_steps", "eval_steps", "epochs", "batch_size", "rows_per_span"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.span < -1:
-            problems.append(f"span must be -1 (newest) or a span number, got {self.span}")
-        if self.epochs > self.train_steps:
-            problems.append(
-                f"epochs ({self.epochs}) cannot exceed train_steps ({self.train_steps})"
-            )
-        for name in ("min_auc", "min_accuracy"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                problems.append(f"{name} must be between 0 and 1, got {getattr(self, name)}")
-        if self.max_auc_drop < 0:
-            problems.append(f"max_auc_drop must be >= 0, got {self.max_auc_drop}")
-        if self.learning_rate <= 0:
-            problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.mixed_precision not in ("auto", "on", "off"):
-            problems.append(
-                f"mixed_precision must be auto, on or off, got {self.mixed_precision!r}"
-            )
-        if not self.hidden_units or any(u < 1 for u in self.hidden_units):
-            problems.append(f"hidden_units must be positive sizes, got {list(self.hidden_units)}")
-        for name in ("data_root", "serving_root", "pipeline_name", "model_name"):
-            if not getattr(self, name):
-                problems.append(f"{name} must not be empty")
-        if "/" in self.model_name:
-            problems.append(f"model_name must not contain '/', got {self.model_name!r}")
-        if self.gpu_count < 0:
-            problems.append(f"gpu_count must be 0 or more, got {self.gpu_count}")
-        for name in ("cpu_image", "gpu_image"):
-            if not _pinned(getattr(self, name)):
-                problems.append(
-                    f"{name} must name an exact tag or digest (not 'latest'), got "
-                    f"{getattr(self, name)!r}"
-                )
-        if "=" not in self.gpu_node_selector:
-            problems.append(
-                f"gpu_node_selector must be label=value, got {self.gpu_node_selector!r}"
-            )
-        if problems:
-            raise ConfigError("invalid pipeline config: " + "; ".join(problems))
+        found = problems(dataclasses.asdict(self))
+        if found:
+            raise ConfigError(_message("invalid pipeline config", found), found)
 
     @classmethod
-    def load(cls, overrides: dict[str, str] | None = None, environ=None) -> PipelineConfig:
-        """Defaults, then PIPELINE_<FIELD> environment variables, then `overrides`."""
+    def load(
+        cls, overrides: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+    ) -> PipelineConfig:
+        """Defaults, then PIPELINE_<FIELD> environment variables, then `overrides` (`--set`).
+
+        An error names where the bad value came from; an unknown PIPELINE_* variable is reported
+        on stderr (it is most likely a typo that would otherwise be ignored silently).
+        """
         environ = os.environ if environ is None else environ
-        values: dict[str, str] = {}
-        for field in dataclasses.fields(cls):
-            env_name = f"PIPELINE_{field.name.upper()}"
-            if env_name in environ:
-                values[field.name] = environ[env_name]
-        values.update(overrides or {})
-        return cls(**{name: _parse(name, text) for name, text in values.items()})
+        texts: dict[str, str] = {}
+        sources: dict[str, str] = {}
+        for env_name in sorted(environ):
+            if not env_name.startswith(ENV_PREFIX) or env_name in OTHER_ENV:
+                continue
+            name = env_name[len(ENV_PREFIX) :].lower()
+            if name in FIELDS:
+                texts[name], sources[name] = environ[env_name], env_name
+            else:
+                print(f"warning: {env_name} is not a config field and is ignored"
+                      f"{_did_you_mean(name, prefix=ENV_PREFIX, upper=True)}.",
+                      file=sys.stderr)  # fmt: skip
+        for name, text in (overrides or {}).items():
+            if name not in FIELDS:
+                raise ConfigError(
+                    f"unknown config field {name!r}{_did_you_mean(name)}; "
+                    f"known fields: {', '.join(FIELDS)}"
+                )
+            texts[name], sources[name] = text, f"--set {name}"
+        values, found = {}, []
+        for name, text in texts.items():
+            try:
+                values[name] = parse_value(name, text)
+            except ConfigError as e:
+                found.append((name, str(e)))
+        found += problems(values)  # all problems at once, not one per attempt
+        if not found:
+            try:
+                return cls(**values)
+            except ConfigError as e:  # a rule across fields, one of them a default
+                found = e.problems
+        raise ConfigError(_message("invalid pipeline config", found, sources), found)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def _pinned(image: str) -> bool:
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(PipelineConfig)}
+
+# Settable per run (Kubeflow UI, recurring runs); the config gives their defaults. The local
+# runner uses the defaults, so both runners run the same definition (pipelines/pipeline.py).
+RUN_PARAMETERS: dict[str, type] = {
+    "data_root": str,
+    "span": int,
+    "train_steps": int,
+    "epochs": int,
+    "min_auc": float,
+    "min_accuracy": float,
+    "max_auc_drop": float,
+    "serving_root": str,
+    "model_name": str,
+}
+
+
+def check_run_parameters(step: str, values: Mapping[str, Any]) -> None:
+    """Raises ConfigError naming each run parameter of `step` that breaks a config rule.
+
+    Executors call it first: on Kubeflow a run's parameters reach them without passing through
+    PipelineConfig, and `model_name=..` or `min_auc=5` must stop the run, not train a model."""
+    check_values(f"{step}: invalid run parameter", values)
+
+
+def check_values(
+    where: str, values: Mapping[str, Any], sources: Mapping[str, str] | None = None
+) -> None:
+    """Raises ConfigError listing every value that breaks its field's rule; `sources` says where
+    a value came from (an environment variable, a flag)."""
+    found = problems(values)
+    if found:
+        raise ConfigError(_message(where, found, sources), found)
+
+
+def _message(
+    title: str, found: list[tuple[str, str]], sources: Mapping[str, str] | None = None
+) -> str:
+    parts = []
+    for name, problem in found:
+        source = (sources or {}).get(name)
+        parts.append(f"{problem} (from {source})" if source else problem)
+    return f"{title}: " + "; ".join(parts)
+
+
+def _did_you_mean(name: str, prefix: str = "", upper: bool = False) -> str:
+    close = difflib.get_close_matches(name, FIELDS, n=1)
+    if not close:
+        return ""
+    suggestion = prefix + (close[0].upper() if upper else close[0])
+    return f" (did you mean {suggestion}?)"
+
+
+# --------------------------------------------------------------------------------------------
+# Rules: one per field. Each returns a problem (naming the field and the value) or None.
+# --------------------------------------------------------------------------------------------
+
+# DNS-1123 label: what Kubernetes accepts as a name part, and a subset of TFX's Kubeflow V2
+# pipeline-name pattern `[a-z0-9][a-z0-9-]{0,127}` (tfx/orchestration/kubeflow/v2/
+# pipeline_builder.py) and of TFX's 63-character limit (tfx/orchestration/pipeline.py).
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+# One folder name: no '/', no '.' or '..' (which would leave serving_root for local paths).
+_PATH_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# Kubernetes resource quantities (k8s.io/apimachinery/pkg/api/resource/quantity.go).
+_QUANTITY = re.compile(
+    r"(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE](-?\d+))?"
+)
+_QUANTITY_FACTORS = {
+    None: 1, "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+    "P": 1e15, "E": 1e18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+    "Ei": 2**60,
+}  # fmt: skip
+
+
+def kubernetes_quantity(text: str) -> float:
+    """'500m' -> 0.5, '8Gi' -> 8589934592.0, '2' -> 2.0; ValueError for anything else."""
+    match = _QUANTITY.fullmatch(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a Kubernetes quantity")
+    number, suffix, exponent = match.groups()
+    if exponent is not None:
+        return float(number) * 10 ** int(exponent)
+    return float(number) * _QUANTITY_FACTORS[suffix]
+
+
+def _at_least(low: int) -> Callable[[str, Any], str | None]:
+    def rule(name: str, value: Any) -> str | None:
+        return None if value >= low else f"{name} must be at least {low}, got {value}"
+
+    return rule
+
+
+def _between(low: float, high: float) -> Callable[[str, Any], str | None]:
+    def rule(name: str, value: Any) -> str | None:
+        ok = low <= value <= high
+        return None if ok else f"{name} must be between {low:g} and {high:g}, got {value}"
+
+    return rule
+
+
+def _positive(name: str, value: float) -> str | None:
+    return None if value > 0 else f"{name} must be > 0, got {value}"
+
+
+def _not_empty(name: str, value: str) -> str | None:
+    return None if value.strip() else f"{name} must not be empty"
+
+
+def _storage_root(name: str, value: str) -> str | None:
+    if not value.strip():
+        return f"{name} must not be empty"
+    scheme, sep, rest = value.partition("://")
+    if sep and (scheme not in ("s3", "gs") or not rest.split("/")[0]):
+        return f"{name} must be s3://BUCKET/..., gs://BUCKET/... or a local path, got {value!r}"
+    return None
+
+
+def _object_store_root(name: str, value: str) -> str | None:
+    if not value.startswith(("s3://", "gs://")) or _storage_root(name, value):
+        return (
+            f"{name} must be s3://BUCKET/... or gs://BUCKET/... (every pod reads it), got {value!r}"
+        )
+    return None
+
+
+def _matches(pattern: re.Pattern, what: str) -> Callable[[str, Any], str | None]:
+    def rule(name: str, value: str) -> str | None:
+        return None if pattern.fullmatch(value) else f"{name} must be {what}, got {value!r}"
+
+    return rule
+
+
+def _span(name: str, value: int) -> str | None:
+    return None if value >= -1 else f"{name} must be -1 (newest) or a span number, got {value}"
+
+
+def _one_of(*choices: str) -> Callable[[str, Any], str | None]:
+    def rule(name: str, value: str) -> str | None:
+        return None if value in choices else f"{name} must be {' or '.join(choices)}, got {value!r}"
+
+    return rule
+
+
+def _hidden_units(name: str, value: tuple) -> str | None:
+    if not value or any(type(u) is not int or u < 1 for u in value):
+        return f"{name} must be one or more positive layer sizes, got {list(value)}"
+    return None
+
+
+def _beam_args(name: str, value: tuple) -> str | None:
+    bad = [a for a in value if not isinstance(a, str) or not a.startswith("--")]
+    return f"{name} must be Beam options starting with '--', got {bad}" if bad else None
+
+
+def _pinned(name: str, image: str) -> str | None:
     """An image reference with an explicit tag other than `latest`, or a digest."""
     if "@sha256:" in image:
-        return True
-    name, _, tag = image.rpartition(":")
-    return bool(name) and "/" not in tag and tag not in ("", "latest")
+        return None
+    repository, _, tag = image.rpartition(":")
+    if repository and "/" not in tag and tag not in ("", "latest"):
+        return None
+    return f"{name} must name an exact tag or digest (not 'latest'), got {image!r}"
 
 
-def _parse(name: str, text: str):
-    fields = {f.name: f for f in dataclasses.fields(PipelineConfig)}
-    if name not in fields:
-        raise ConfigError(
-            f"unknown config field {name!r}; known fields: {', '.join(sorted(fields))}"
-        )
-    default = fields[name].default
+def _quantity(name: str, value: str) -> str | None:
     try:
-        if isinstance(default, bool):
-            return text.lower() in ("1", "true", "yes", "on")
+        if kubernetes_quantity(value) > 0:
+            return None
+    except ValueError:
+        pass
+    return (
+        f"{name} must be a positive Kubernetes quantity such as 2, 500m, 8G or 8Gi, got {value!r}"
+    )
+
+
+def _label_selector(name: str, value: str) -> str | None:
+    label, sep, _ = value.partition("=")
+    return None if sep and label else f"{name} must be label=value, got {value!r}"
+
+
+RULES: dict[str, Callable[[str, Any], str | None]] = {
+    "pipeline_name": _matches(
+        _DNS_LABEL,
+        "lower-case letters, digits and '-' (at most 63, "
+        "starting and ending with a letter or digit)",
+    ),  # fmt: skip
+    "data_root": _storage_root,
+    "span": _span,
+    "serving_root": _storage_root,
+    "model_name": _matches(
+        _PATH_SEGMENT,
+        "one folder name (letters, digits, '.', '_', '-'; " "starting with a letter or digit)",
+    ),  # fmt: skip
+    "pipeline_root": _storage_root,
+    "metadata_path": _not_empty,
+    "train_steps": _at_least(1),
+    "eval_steps": _at_least(1),
+    "epochs": _at_least(1),
+    "batch_size": _at_least(1),
+    "learning_rate": _positive,
+    "hidden_units": _hidden_units,
+    "mixed_precision": _one_of("auto", "on", "off"),
+    "min_auc": _between(0, 1),
+    "min_accuracy": _between(0, 1),
+    "max_auc_drop": _between(0, 1),
+    "rows_per_span": _at_least(1),
+    "drift": lambda name, value: None if value >= 0 else f"{name} must be >= 0, got {value}",
+    "seed": _at_least(0),
+    "beam_args": _beam_args,
+    "kfp_pipeline_root": _object_store_root,
+    "cpu_image": _pinned,
+    "gpu_image": _pinned,
+    "gpu_count": _at_least(0),
+    "gpu_node_selector": _label_selector,
+    "gpu_toleration_key": _not_empty,
+    "credentials_secret": _matches(_DNS_SUBDOMAIN, "a Kubernetes Secret name"),
+    "step_cpu": _quantity,
+    "step_memory": _quantity,
+    "trainer_cpu": _quantity,
+    "trainer_memory": _quantity,
+}
+assert set(RULES) == set(FIELDS), "every config field needs a rule"
+
+
+def _type_problem(name: str, value: Any) -> str | None:
+    expected = type(FIELDS[name].default)
+    if expected is float:
+        if type(value) not in (int, float):
+            return f"{name} must be a number, got {value!r}"
+        if not math.isfinite(value):
+            return f"{name} must be a finite number, got {value}"
+    elif expected is int and type(value) is not int:
+        return f"{name} must be a whole number, got {value!r}"
+    elif expected in (str, tuple) and not isinstance(value, expected):
+        return f"{name} must be a {'list' if expected is tuple else 'text'}, got {value!r}"
+    return None
+
+
+def problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, problem) for every value that breaks its rule; unknown names are problems too.
+    Rules across fields apply when both are given."""
+    found = []
+    for name, value in values.items():
+        if name not in FIELDS:
+            found.append((name, f"unknown parameter {name!r}"))
+            continue
+        problem = _type_problem(name, value) or RULES[name](name, value)
+        if problem:
+            found.append((name, problem))
+    bad = {name for name, _ in found}
+    if {"epochs", "train_steps"} <= set(values) - bad and values["epochs"] > values["train_steps"]:
+        found.append(
+            (
+                "epochs",
+                f"epochs ({values['epochs']}) cannot exceed train_steps "
+                f"({values['train_steps']})",
+            )  # fmt: skip
+        )
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Text (environment, --set) to typed values.
+# --------------------------------------------------------------------------------------------
+
+
+def parse_value(name: str, text: str) -> Any:
+    """The typed value of field `name` from its text; ConfigError naming the field otherwise.
+
+    Lists are a JSON list or comma-separated; Beam options split only at a comma followed by
+    `--`, so that an option's own commas (`--experiments=a,b`) stay in it."""
+    default = FIELDS[name].default
+    try:
         if isinstance(default, int):
             return int(text)
         if isinstance(default, float):
             return float(text)
         if isinstance(default, tuple):
-            items = json.loads(text) if text.strip().startswith("[") else text.split(",")
-            kind = type(default[0]) if default else str
-            return tuple(kind(item) for item in items if str(item).strip())
-    except (ValueError, TypeError, json.JSONDecodeError) as e:
-        raise ConfigError(
-            f"config field {name}: cannot parse {text!r} as {type(default).__name__}"
-        ) from e
+            kind = type(default[0])
+            if text.strip().startswith("["):
+                items = json.loads(text)
+                if not isinstance(items, list) or any(type(i) is not kind for i in items):
+                    raise ValueError(f"a JSON list of {kind.__name__} values expected")
+                return tuple(items)
+            pieces = re.split(r",(?=\s*--)", text) if kind is str else text.split(",")
+            pieces = [piece.strip() for piece in pieces]
+            if "" in pieces:
+                raise ValueError("an empty item")
+            return tuple(kind(piece) for piece in pieces)
+    except (ValueError, TypeError) as e:
+        kind = "whole number" if isinstance(default, int) else type(default).__name__
+        if isinstance(default, float):
+            kind = "number"
+        elif isinstance(default, tuple):
+            kind = f"list of {type(default[0]).__name__}"
+        raise ConfigError(f"{name}: cannot read {text!r} as a {kind} ({e})") from e
     return text
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from pipelines.config import RUN_PARAMETERS, ConfigError, check_run_parameters
 from pipelines.errors import ActionableError
 
 _PORT_FORWARD = "kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80"
@@ -105,15 +106,26 @@ def _cron_value(text: str, low: int, high: int, names: dict) -> int:
     return int(text)
 
 
-def _root_parameters(package_path: str) -> dict[str, dict]:
+def _spec(package_path: str) -> dict:
     try:
         with open(package_path) as stream:
             spec = next(yaml.safe_load_all(stream))
-        return spec["root"].get("inputDefinitions", {}).get("parameters", {})
+        if not isinstance(spec["root"], dict) or not spec["pipelineInfo"]["name"]:
+            raise TypeError("no root DAG or pipeline name")
+        return spec
     except (OSError, yaml.YAMLError, StopIteration, KeyError, TypeError, AttributeError) as error:
         raise KubeflowError(
             f"{package_path} is not a compiled pipeline spec ({error!r}); run `make compile`."
         ) from None
+
+
+def _root_parameters(package_path: str) -> dict[str, dict]:
+    return _spec(package_path)["root"].get("inputDefinitions", {}).get("parameters", {})
+
+
+def _pipeline_name(package_path: str) -> str:
+    """The name the package was compiled with (config `pipeline_name`)."""
+    return _spec(package_path)["pipelineInfo"]["name"]
 
 
 def _typed_parameters(package_path: str, parameters: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +141,11 @@ def _typed_parameters(package_path: str, parameters: dict[str, Any]) -> dict[str
             typed[name] = _TYPES[kind](value) if isinstance(value, str) else value
         except (KeyError, ValueError) as error:
             raise KubeflowError(f"parameter {name}={value!r} is not a valid {kind}") from error
+    # The rules every step applies to its run parameters, checked before anything is submitted.
+    try:
+        check_run_parameters("--param", {k: v for k, v in typed.items() if k in RUN_PARAMETERS})
+    except ConfigError as error:
+        raise KubeflowError(str(error)) from None
     return typed
 
 
@@ -172,14 +189,15 @@ def _name_filter(name: str) -> str:
 def submit(
     endpoint: str,
     package_path: str,
-    pipeline_name: str,
     parameters: dict[str, Any],
     experiment: str = "taxi-tips",
     namespace: str | None = None,
 ) -> str:
-    """Upload the package (if new) and start one run; returns the run id."""
+    """Upload the package (if new) as a version of the pipeline it was compiled as, and start one
+    run; returns the run id."""
     check_endpoint(endpoint)
     typed = _typed_parameters(package_path, parameters)
+    pipeline_name = _pipeline_name(package_path)
     client = _client(endpoint, namespace)
     with _api(f"submitting {package_path} to {endpoint}"):
         pipeline_id, version_id = _pipeline_version(client, package_path, pipeline_name)
@@ -195,7 +213,6 @@ def submit(
 def schedule(
     endpoint: str,
     package_path: str,
-    pipeline_name: str,
     cron: str,
     parameters: dict[str, Any],
     experiment: str = "taxi-tips",
@@ -207,6 +224,7 @@ def schedule(
     cron6 = normalize_cron(cron)
     check_endpoint(endpoint)
     typed = _typed_parameters(package_path, parameters)
+    pipeline_name = _pipeline_name(package_path)
     client = _client(endpoint, namespace)
     with _api(f"scheduling {package_path} on {endpoint}"):
         experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id

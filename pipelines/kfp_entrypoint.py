@@ -5,9 +5,9 @@ local path (`s3://b/k` to `/s3/b/k`, `gs://` to `/gcs/`, `minio://` to `/minio/`
 and uploads the output artifacts from their local paths after it. TFX's own entry point ignores
 those paths and reads and writes the remote URIs through TensorFlow's file system, whose `s3://`
 client hangs or returns wrong data against SeaweedFS and MinIO-style servers, and whose
-tensorflow-io plugin aborts the process at exit (STACK.md). This wrapper points the executor at
-the launcher's local copies instead and restores the remote URIs in what the step reports, so
-ML Metadata and the next steps see the object-store URIs.
+tensorflow-io plugin aborts the process at exit (README.md, "Object storage notes"). This wrapper
+points the executor at the launcher's local copies instead and restores the remote URIs in what
+the step reports, so ML Metadata and the next steps see the object-store URIs.
 
 Usage (as compiled into the spec): python -m pipelines.kfp_entrypoint <TFX entry point args>
 """
@@ -18,6 +18,7 @@ import json
 import os
 import sys
 
+from pipelines.config import ConfigError, check_run_parameters
 from pipelines.errors import ActionableError
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -126,10 +127,11 @@ def take_beam_args(executor_input: dict) -> list[str]:
     except json.JSONDecodeError:
         beam_args = None
     if not isinstance(beam_args, list) or not all(isinstance(a, str) for a in beam_args):
-        raise ValueError(
+        raise ConfigError(
             f"parameter {BEAM_ARGS_PARAMETER} must be a JSON list of strings such as "
             f'["--direct_num_workers=2"], got {text!r}'
         )
+    check_run_parameters("this step", {BEAM_ARGS_PARAMETER: tuple(beam_args)})
     return beam_args
 
 
@@ -157,10 +159,10 @@ def main(argv: list[str]) -> int:
         add_input_types(executor_input, json.loads(argv[argv.index(INPUTS_SPEC_FLAG) + 1]))
     try:
         remote_of = prepare(executor_input)
-    except MissingInputError as error:
+        beam_args = take_beam_args(executor_input)
+    except (MissingInputError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    beam_args = take_beam_args(executor_input)
     argv[position] = json.dumps(executor_input)
     # Imported after the checks above: TFX's import alone takes about 20 s.
     from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor as tfx_entrypoint

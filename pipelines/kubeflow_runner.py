@@ -25,9 +25,8 @@ from typing import Any
 
 import yaml
 
-from pipelines.config import REPO_ROOT, PipelineConfig
+from pipelines.config import RUN_PARAMETERS, SPEC_PATH, PipelineConfig, kubernetes_quantity
 
-SPEC_PATH = REPO_ROOT / "kubeflow" / "pipeline.yaml"
 ENTRYPOINT = ["python", "-m", "pipelines.kfp_entrypoint"]
 TRAINER = "Trainer"
 # Never served from KFP's cache. KFP 2.5 keys a step on its input artifact IDs and parameters,
@@ -47,7 +46,7 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
     """(PipelineSpec, PlatformSpec) as dicts, ready to be written as two YAML documents."""
     from tfx import v1 as tfx
 
-    from pipelines.pipeline import RUNTIME_PARAMETERS, create_pipeline
+    from pipelines.pipeline import create_pipeline
 
     pipeline = create_pipeline(dataclasses.replace(config, pipeline_root=config.kfp_pipeline_root))
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
@@ -58,8 +57,8 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
     spec = runner.run(pipeline, write_out=False)["pipelineSpec"]
 
     for name, parameter in spec["root"]["inputDefinitions"]["parameters"].items():
-        if name in RUNTIME_PARAMETERS:
-            parameter["defaultValue"] = RUNTIME_PARAMETERS[name](getattr(config, name))
+        if name in RUN_PARAMETERS:
+            parameter["defaultValue"] = RUN_PARAMETERS[name](getattr(config, name))
     for step in UNCACHED_STEPS:
         spec["root"]["dag"]["tasks"][step]["cachingOptions"] = {"enableCache": False}
     _beam_args_as_parameter(spec, config)
@@ -71,13 +70,13 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
         container = executor["container"]
         container["command"] = list(ENTRYPOINT)
         container["resources"] = {
-            "cpuLimit": float(config.step_cpu),
+            "cpuLimit": kubernetes_quantity(config.step_cpu),
             "memoryLimit": _gigabytes(config.step_memory),
         }
         if label == trainer_executor:
             container["image"] = config.gpu_image
             container["resources"] = {
-                "cpuLimit": float(config.trainer_cpu),
+                "cpuLimit": kubernetes_quantity(config.trainer_cpu),
                 "memoryLimit": _gigabytes(config.trainer_memory),
             }
             if config.gpu_count:
@@ -144,9 +143,10 @@ def _tasks_as_dns_labels(spec: dict) -> None:
         tasks[task_name(old)] = task
 
 
-def _gigabytes(text: str) -> float:
-    """'16G' or '16' -> 16.0 (the backend renders memoryLimit as '<n>G')."""
-    return float(text.upper().removesuffix("G"))
+def _gigabytes(quantity: str) -> float:
+    """A Kubernetes memory quantity in GB ('16G' -> 16.0, '8Gi' -> 8.589934592): the backend
+    renders memoryLimit as '<n>G' (backend/src/v2/compiler/argocompiler/container.go)."""
+    return kubernetes_quantity(quantity) / 1e9
 
 
 def _platform_spec(config: PipelineConfig, executors: dict, trainer_executor: str) -> dict:

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from pipelines import data, storage
 from pipelines.config import WORK_DIR, PipelineConfig
@@ -25,28 +26,47 @@ def s3_buckets(config: PipelineConfig) -> set[str]:
     return {storage.split_s3(root)[0] for root in roots if root.startswith("s3://")}
 
 
+class Store(NamedTuple):
+    endpoint: str
+    started_here: bool  # False: a configured store, or this folder's server already running
+
+
 @contextlib.contextmanager
-def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[str]:
-    """Yields the S3 endpoint: the configured one, or an embedded SeaweedFS started for the run."""
+def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
+    """The S3 store for a command: the configured one (AWS_ENDPOINT_URL_S3), the embedded server
+    already running on .work/seaweedfs, or one started now and stopped on the way out, whatever
+    the way out (an error, Ctrl-C, or SIGTERM, which the CLI turns into an exception), unless
+    `keep`."""
     if os.environ.get("AWS_ENDPOINT_URL_S3") or not s3_buckets(config):
-        yield os.environ.get("AWS_ENDPOINT_URL_S3", "(no S3 paths configured)")
+        yield Store(os.environ.get("AWS_ENDPOINT_URL_S3", "(no S3 paths configured)"), False)
         return
     store = EmbeddedObjectStore(WORK_DIR / "seaweedfs")
     print(f"Starting embedded object store (SeaweedFS) in {store.data_dir} ...", flush=True)
     started = time.monotonic()
-    store.start()
-    print(f"  listening at {store.endpoint} ({time.monotonic() - started:.1f} s)", flush=True)
+    store.start(detached=keep)
+    if store.reused_pid:
+        print(f"  already running at {store.endpoint} (pid {store.reused_pid}): reusing it")
+    else:
+        print(f"  listening at {store.endpoint} ({time.monotonic() - started:.1f} s)", flush=True)
     try:
         for bucket in sorted(s3_buckets(config)):
             store.create_bucket(bucket)
-        yield store.endpoint
+        yield Store(store.endpoint, store.reused_pid is None)
     finally:
-        if keep:
-            print(f"Object store left running at {store.endpoint} (pid {store.process.pid}).")
-            store.process = None  # stop() leaves it alone
+        if keep and store.process:
+            print(f"Object store left running at {store.endpoint} (pid {store.pid}); the next "
+                  f"command reuses it; `kill {store.pid}` stops it.")  # fmt: skip
         else:
             store.stop()
-            os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+        os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+
+
+def latest_served(config: PipelineConfig) -> str | None:
+    """The highest complete version in the serving directory, if any."""
+    from components.baseline import pushed_versions
+
+    versions = pushed_versions(config.serving_model_dir)
+    return versions[max(versions)] if versions else None
 
 
 def ensure_data(config: PipelineConfig) -> None:
@@ -102,8 +122,10 @@ def _progress(total: int) -> Iterator[dict[str, float]]:
 def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSummary:
     """Runs the pipeline once with LocalDagRunner (store and data must be in place)."""
     from tfx import v1 as tfx  # heavy import (~20 s): only when a run is asked for
+    from tfx.dsl.compiler import compiler
+    from tfx.orchestration.portable import runtime_parameter_utils
 
-    from pipelines.pipeline import create_pipeline
+    from pipelines.pipeline import create_pipeline, run_parameter_values
 
     pipeline = create_pipeline(
         config,
@@ -111,6 +133,11 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
             config.metadata_path
         ),
     )
+    pipeline_ir = compiler.Compiler().compile(pipeline)
+    # Every run parameter bound to the config's value: TFX compiles no default for a falsy one
+    # (`if default_value:` in tfx/dsl/compiler/compiler_utils.py), so `span=0` or `min_auc=0`
+    # would stop the run with "Parameter value not ready".
+    runtime_parameter_utils.substitute_runtime_parameter(pipeline_ir, run_parameter_values(config))
     Path(config.metadata_path).parent.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
     file_handler = None
@@ -121,16 +148,18 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
             logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         )
         root.addHandler(file_handler)
-    # INFO goes to the log file only: the console gets the progress lines and warnings.
+    # With a log file everything goes there, and the console gets the progress lines only
+    # (pipelines/console.py); without one, warnings still reach the other handlers.
+    quiet = logging.CRITICAL + 1 if file_handler else logging.WARNING
     console_levels = {h: h.level for h in root.handlers if h is not file_handler}
     for handler in console_levels:
-        handler.setLevel(max(handler.level, logging.WARNING))
+        handler.setLevel(max(handler.level, quiet))
     previous_level = root.level
     root.setLevel(logging.INFO)
     started = time.time()
     try:
         with _progress(total=len(pipeline.components)) as seconds:
-            tfx.orchestration.LocalDagRunner().run(pipeline)
+            tfx.orchestration.LocalDagRunner().run_with_ir(pipeline_ir)
     finally:
         if file_handler:
             root.removeHandler(file_handler)

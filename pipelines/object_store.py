@@ -6,9 +6,13 @@ the environment instead; nothing here is needed then.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import re
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +21,8 @@ from pathlib import Path
 
 import boto3
 from botocore.config import Config as BotoConfig
+
+from pipelines.errors import ActionableError
 
 S3_ENV_KEYS = ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
 
@@ -62,41 +68,137 @@ def s3_client(endpoint: str | None = None):
     )
 
 
+class StoreError(ActionableError, RuntimeError):
+    """The embedded object store cannot start; the message says why and what to do."""
+
+
+def _weed_processes_on(data_dir: Path) -> list[int]:
+    """Pids of `weed` processes serving `data_dir` (Linux /proc; empty elsewhere)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and Path(argv[0].decode(errors="replace")).name == "weed":
+            if f"-dir={data_dir}".encode() in argv:
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies, however it dies (even SIGKILL)."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+try:  # loaded in the parent: the child, between fork and exec, must only call it
+    _PRCTL = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: signals still end in stop(), SIGKILL cannot
+    _PRCTL = None
+
+
+def _error_line(log_text: str) -> str:
+    """SeaweedFS's own reason from its log: the last fatal or error line (glog format), else the
+    last line."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"[FE]\d{4} ", line)]
+    return (errors or lines or ["(nothing in its log)"])[-1]
+
+
 class EmbeddedObjectStore:
     """Runs `weed server` with an S3 gateway on 127.0.0.1; waits until it answers; stops it.
 
-    Its data lives in `data_dir`, so buckets and objects survive a restart. Credentials are made up
-    per process: SeaweedFS without an IAM config accepts any key, and the values are handed to the
-    pipeline through the environment only.
+    Its data lives in `data_dir`, so buckets and objects survive a restart. A pid file in
+    `data_dir` names the running server and its endpoint: a second start on the same folder reuses
+    a live server instead of failing on SeaweedFS's lock. The server dies with the process that
+    started it (stop(), a signal, or a kill), unless it was started `detached` (`--keep-store`).
+    SeaweedFS without an IAM config (and without AWS_* variables) accepts any key: the process's
+    own credentials are kept, or made up, and handed to the pipeline through the environment.
     """
 
+    PID_FILE = "store.pid"
+
     def __init__(self, data_dir: Path, log_path: Path | None = None):
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()
         self.log_path = log_path or self.data_dir.parent / "seaweedfs.log"
+        self.pid_file = self.data_dir / self.PID_FILE
         self.process: subprocess.Popen | None = None
         self.endpoint = ""
+        self.reused_pid: int | None = None  # set when start() found this folder's server running
 
-    def start(self, timeout_s: float = 60.0) -> EmbeddedObjectStore:
+    def _recorded(self) -> tuple[int, str] | None:
+        """(pid, endpoint) of the server the pid file names, if it is alive; else None (and a
+        stale pid file is removed)."""
+        try:
+            pid_text, endpoint = self.pid_file.read_text().split()
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            self.pid_file.unlink(missing_ok=True)
+            return None
+        if pid in _weed_processes_on(self.data_dir):
+            return pid, endpoint
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def start(self, timeout_s: float = 60.0, detached: bool = False) -> EmbeddedObjectStore:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "local-" + secrets.token_hex(8))
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", secrets.token_hex(16))
+        os.environ.setdefault("AWS_REGION", "us-east-1")
+        recorded = self._recorded()
+        if recorded:
+            pid, endpoint = recorded
+            try:
+                s3_client(endpoint).list_buckets()
+            except Exception as e:
+                raise StoreError(
+                    f"SeaweedFS (pid {pid}) holds {self.data_dir} but does not answer at "
+                    f"{endpoint} ({e}): stop it with `kill {pid}`, then start again."
+                ) from e
+            self.reused_pid, self.endpoint = pid, endpoint
+            os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
+            return self
+        others = _weed_processes_on(self.data_dir)
+        if others:
+            pids = " ".join(map(str, others))
+            raise StoreError(
+                f"SeaweedFS (pid {pids}) uses {self.data_dir} but left no pid file (from an older "
+                f"version or another tool): stop it with `kill {pids}`, then start again."
+            )
         s3_port, master_port, volume_port, filer_port = (_free_port_pair() for _ in range(4))
         command = [
             weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.data_dir}",
             f"-master.port={master_port}", f"-volume.port={volume_port}", "-filer",
             f"-filer.port={filer_port}", "-s3", f"-s3.port={s3_port}", "-s3.port.iceberg=0",
-            "-s3.port.lance=0", "-volume.max=100", "-master.volumeSizeLimitMB=256",
+            "-s3.port.lance=0", "-volume.max=1000", "-master.volumeSizeLimitMB=256",
         ]  # fmt: skip
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        # Each bucket takes 7 volumes at its first write (SeaweedFS's default growth), and volumes
+        # are sparse files: at 100 the 15th bucket failed every write with "no free volumes".
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log_offset = log.tell()
+            # Its own session: a Ctrl-C reaches only this process, whose clean-up stops it.
+            # Without AWS_* in its environment SeaweedFS accepts any key; with them it accepts
+            # only that one, and a reused store would refuse the next command's credentials.
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+                preexec_fn=None if detached or _PRCTL is None else _die_with_parent,
+            )  # fmt: skip
         self.endpoint = f"http://127.0.0.1:{s3_port}"
+        self.pid_file.write_text(f"{self.process.pid} {self.endpoint}\n")
         deadline = time.monotonic() + timeout_s
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", "local-" + secrets.token_hex(8))
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", secrets.token_hex(16))
-        os.environ.setdefault("AWS_REGION", "us-east-1")
         client = s3_client(self.endpoint)
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"SeaweedFS exited with code {self.process.returncode}; see {self.log_path}"
+                code = self.process.returncode
+                self.stop()
+                with open(self.log_path, "rb") as log:
+                    log.seek(log_offset)
+                    reason = _error_line(log.read().decode(errors="replace"))
+                raise StoreError(
+                    f"SeaweedFS exited with code {code}: {reason} (its log: {self.log_path})"
                 )
             try:
                 client.list_buckets()
@@ -104,7 +206,7 @@ class EmbeddedObjectStore:
             except Exception as e:  # not answering yet
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(
+                    raise StoreError(
                         f"SeaweedFS did not answer within {timeout_s:.0f} s; see {self.log_path}"
                     ) from e
                 time.sleep(0.5)
@@ -118,7 +220,12 @@ class EmbeddedObjectStore:
         except client.exceptions.BucketAlreadyOwnedByYou:
             pass
 
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else self.reused_pid
+
     def stop(self) -> None:
+        """Stops the server this object started (a reused one belongs to whoever started it)."""
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -127,6 +234,8 @@ class EmbeddedObjectStore:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process:
+            self.pid_file.unlink(missing_ok=True)
         self.process = None
 
     def __enter__(self) -> EmbeddedObjectStore:

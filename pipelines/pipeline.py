@@ -15,7 +15,7 @@ from components.pusher import VersionedPusher  # noqa: E402
 from components.schema import CuratedSchema  # noqa: E402
 from components.trainer import TunableTrainer  # noqa: E402
 from components.validation import StrictExampleValidator  # noqa: E402
-from pipelines.config import PipelineConfig  # noqa: E402
+from pipelines.config import RUN_PARAMETERS, PipelineConfig  # noqa: E402
 
 # User code is referenced by import path, not by module_file: TFX would otherwise package it as a
 # wheel and pip-install it in every step (uv environments have no pip), and compiling for Kubeflow
@@ -23,28 +23,19 @@ from pipelines.config import PipelineConfig  # noqa: E402
 PREPROCESSING_FN = "components.preprocessing.preprocessing_fn"
 RUN_FN = "components.model.run_fn"
 
-# Settable per run (Kubeflow UI, recurring runs); the config gives their defaults. The local
-# runner uses the defaults, so both runners run exactly this definition.
-RUNTIME_PARAMETERS = {
-    "data_root": str,
-    "span": int,
-    "train_steps": int,
-    "epochs": int,
-    "min_auc": float,
-    "min_accuracy": float,
-    "max_auc_drop": float,
-    "serving_root": str,
-    "model_name": str,
-}
-
 
 def runtime_parameters(config: PipelineConfig) -> dict[str, tfx.dsl.experimental.RuntimeParameter]:
+    """The run parameters (config.RUN_PARAMETERS), each defaulting to its config value."""
+    values = run_parameter_values(config)
     return {
-        name: tfx.dsl.experimental.RuntimeParameter(
-            name=name, ptype=ptype, default=ptype(getattr(config, name))
-        )
-        for name, ptype in RUNTIME_PARAMETERS.items()
+        name: tfx.dsl.experimental.RuntimeParameter(name=name, ptype=ptype, default=values[name])
+        for name, ptype in RUN_PARAMETERS.items()
     }
+
+
+def run_parameter_values(config: PipelineConfig) -> dict[str, str | int | float]:
+    """The config's value of every run parameter, typed as its RuntimeParameter."""
+    return {name: ptype(getattr(config, name)) for name, ptype in RUN_PARAMETERS.items()}
 
 
 def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> tfx.dsl.Pipeline:

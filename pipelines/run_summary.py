@@ -38,6 +38,8 @@ class RunSummary:
     blessed: bool | None = None
     validation_failures: list[str] = dataclasses.field(default_factory=list)
     baseline_version: int | None = None
+    # Candidate AUC minus the baseline's, as the Evaluator computed it; None without a baseline.
+    auc_change: float | None = None
     pushed_path: str | None = None
 
 
@@ -91,7 +93,9 @@ def read_summary(
     if "blessing" in evaluator:
         summary.blessed = evaluator["blessing"].custom_properties["blessed"].int_value == 1
     if "evaluation" in evaluator:
-        summary.metrics, summary.validation_failures = _evaluation(evaluator["evaluation"].uri)
+        uri = evaluator["evaluation"].uri
+        summary.metrics, summary.validation_failures = _evaluation(uri)
+        summary.auc_change = _auc_change(uri)
     pushed = outputs.get("Pusher", {}).get("pushed_model")
     if pushed is not None and pushed.custom_properties["pushed"].int_value == 1:
         summary.pushed_path = pushed.custom_properties["pushed_destination"].string_value
@@ -122,6 +126,19 @@ def _evaluation(uri: str) -> tuple[dict[str, dict[str, float]], list[str]]:
     return metrics, failures
 
 
+def _auc_change(uri: str) -> float | None:
+    """The overall AUC difference to the baseline, present only when TFMA evaluated one."""
+    import tensorflow_model_analysis as tfma
+
+    for per_slice in tfma.load_metrics(uri):
+        if per_slice.slice_key.single_slice_keys:
+            continue
+        for item in per_slice.metric_keys_and_values:
+            if item.key.name == "auc" and item.key.is_diff:
+                return item.value.double_value.value
+    return None
+
+
 def format_summary(summary: RunSummary) -> str:
     lines = ["", "Pipeline run summary", "--------------------"]
     for step in summary.steps:
@@ -143,6 +160,8 @@ def format_summary(summary: RunSummary) -> str:
     baseline = (
         f"version {summary.baseline_version}" if summary.baseline_version else "none (first model)"
     )
+    if summary.auc_change is not None:
+        baseline += f" (AUC change {summary.auc_change:+.4f})"
     lines.append(f"Compared with last blessed model: {baseline}")
     if summary.blessed is not None:
         lines.append(f"Blessed: {'yes' if summary.blessed else 'NO'}")

@@ -53,7 +53,7 @@ def predict(model_dir: str, rows: list[dict[str, str]]) -> list[float]:
     """Probabilities from a pushed SavedModel's serving signature for raw rows.
 
     The model is copied to local disk first, as TF Serving's own storage layer does; TensorFlow's
-    `s3://` client is not reliable against SeaweedFS (STACK.md).
+    `s3://` client is not reliable against SeaweedFS (README.md, "Object storage notes").
     """
     with tempfile.TemporaryDirectory() as local_dir:
         if "://" in model_dir:
@@ -65,3 +65,21 @@ def predict(model_dir: str, rows: list[dict[str, str]]) -> list[float]:
         examples = tf.constant([row_to_example(row) for row in rows])
         outputs = signature(examples=examples)
         return [float(p) for p in next(iter(outputs.values())).numpy().reshape(-1)]
+
+
+def sample_predictions(model_dir: str, span_dir: str, limit: int = 5) -> list[str]:
+    """Lines for the console: the model's predictions on the first rows of a span's first CSV
+    file (the span the run trained and evaluated on)."""
+    files = storage.list_files(span_dir.rstrip("/") + "/*.csv")
+    if not files:
+        return [f"No .csv file under {span_dir}: no predictions to show."]
+    rows = read_rows(files[0], limit)
+    probabilities = predict(model_dir, rows)
+    lines = [
+        f"Predictions of {model_dir} on the first rows of {files[0]}:",
+        f"  {'payment_type':<12} {'fare':>7} {'miles':>6}  P(big tip)  actual",
+    ]
+    for row, p in zip(rows, probabilities, strict=True):
+        lines.append(f"  {row['payment_type']:<12} {row['fare']:>7} {row['trip_miles']:>6}  "
+                     f"{p:10.3f}  {row[features.LABEL_KEY]}")  # fmt: skip
+    return lines

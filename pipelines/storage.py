@@ -3,23 +3,46 @@
 Beam reads S3 through boto3, which takes its endpoint and credentials from the environment
 (`AWS_ENDPOINT_URL_S3`, `AWS_ACCESS_KEY_ID`, ...): nothing secret is passed as an argument, so
 nothing secret lands in MLMD, logs or a compiled spec. TensorFlow's own `s3://` client is not used
-here (see STACK.md: its reads are broken against SeaweedFS).
+here (see README.md, section 'Object storage notes': its reads are broken against SeaweedFS).
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+import shutil
 from typing import NamedTuple
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
+from boto3.s3.transfer import TransferConfig
 
 from pipelines.errors import ActionableError
 
 if FileSystems._pipeline_options is None:  # Beam's S3 client refuses to start without options
     FileSystems.set_options(PipelineOptions([]))
+
+_MiB = 1024 * 1024
+# copy_tree streams every file: nothing holds a whole file in memory, and no object goes up in one
+# PUT (S3 caps a single PUT at 5 GB). Through boto3's managed transfer, a file of at least
+# _COPY_CHUNK_BYTES goes up as a multipart upload of parts that size (S3's minimum part is 5 MiB);
+# a smaller one, an empty file included, in a single PUT (Beam's multipart upload cannot write an
+# empty object to SeaweedFS). s3transfer reads each part into memory before it sends it, up to
+# max_in_memory_upload_chunks parts at a time plus the one being read, so a copy holds about
+# 8 MiB x (2 + 1) = 24 MiB whatever the file's size; its defaults (10 threads, 10 parts in memory)
+# would hold 88 MiB. "classic" keeps the CRT transfer client, which ignores these limits, out even
+# where awscrt is installed.
+_COPY_CHUNK_BYTES = 8 * _MiB
+_COPY_BUFFER_BYTES = _MiB  # read and write size of a copy to a non-S3 destination
+_TRANSFER_CONFIG = TransferConfig(
+    multipart_threshold=_COPY_CHUNK_BYTES,
+    multipart_chunksize=_COPY_CHUNK_BYTES,
+    max_concurrency=2,
+    use_threads=True,
+    preferred_transfer_client="classic",
+)
+_TRANSFER_CONFIG.max_in_memory_upload_chunks = 2  # s3transfer's option; boto3's __init__ lacks it
 
 
 class StorageError(ActionableError, RuntimeError):
@@ -116,16 +139,54 @@ def write_bytes(path: str, data: bytes) -> None:
         f.write(data)
 
 
+def _open_source(path: str, client):
+    """`path` opened for streaming reads: an `s3://` object as boto3's response body (one GET,
+    read as it arrives), anything else through Beam."""
+    if path.startswith("s3://"):
+        bucket, key = split_s3(path)
+        return client.get_object(Bucket=bucket, Key=key)["Body"]
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def _copy_file(source: str, destination: str, client) -> None:
+    """Streams one file; `client` is a boto3 S3 client, or None when neither path is `s3://`.
+    Raises StorageError naming both paths."""
+    try:
+        with _open_source(source, client) as stream:
+            if destination.startswith("s3://"):
+                bucket, key = split_s3(destination)
+                client.upload_fileobj(stream, bucket, key, Config=_TRANSFER_CONFIG)
+            else:
+                compression = CompressionTypes.UNCOMPRESSED
+                with FileSystems.create(destination, compression_type=compression) as out:
+                    shutil.copyfileobj(stream, out, _COPY_BUFFER_BYTES)
+    except Exception as e:  # boto3, s3transfer and Beam raise several exception types
+        hint = (
+            ". Check that the object store is running and that AWS_ENDPOINT_URL_S3 / "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are set."
+            if client is not None
+            else ""
+        )
+        raise StorageError(f"cannot copy {source} to {destination}: {e}{hint}") from e
+
+
 def copy_tree(source_dir: str, destination_dir: str, last: str | None = None) -> int:
     """Copies every file under source_dir to destination_dir; returns the number of files.
 
-    `last` names a file (relative path) written after all others, so that a reader that waits for
-    it (TF Serving waits for saved_model.pb) never sees a half-copied directory.
+    Files are streamed one after another (see _TRANSFER_CONFIG), so memory stays bounded whatever
+    their size. `last` names a file (relative path) written after all others have completely
+    finished, so that a reader that waits for it (TF Serving waits for saved_model.pb) never sees
+    a half-copied directory.
     """
     source_dir = source_dir.rstrip("/") + "/"
     files = list_files(source_dir + "**")
     files.sort(key=lambda p: p[len(source_dir) :] == last)
+    client = None
+    if source_dir.startswith("s3://") or destination_dir.startswith("s3://"):
+        from pipelines.object_store import s3_client
+
+        client = s3_client()
     for path in files:
         relative = path[len(source_dir) :]
-        write_bytes(join(destination_dir, relative), read_bytes(path))
+        _copy_file(path, join(destination_dir, relative), client)
     return len(files)

@@ -1,11 +1,19 @@
 """The config object: defaults, environment and --set overrides, and clear errors."""
 
+import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from pipelines.config import ConfigError, PipelineConfig, parse_assignments
+from pipelines.config import (
+    ConfigError,
+    PipelineConfig,
+    check_run_parameters,
+    kubernetes_quantity,
+    parse_assignments,
+)
 
 
 def test_defaults_are_valid_and_serving_dir_joins_root_and_name():
@@ -66,12 +74,106 @@ def test_set_flag_without_equals_is_rejected():
         parse_assignments(["train_steps"])
 
 
-def test_cli_exits_non_zero_with_the_field_named():
+def test_cli_exits_non_zero_with_the_field_named_before_importing_tensorflow(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "run", "--set", "train_steps=-5"],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "PIPELINE_WORK_DIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "0"},
     )
     assert result.returncode == 2
-    assert "train_steps must be at least 1" in result.stderr
+    # One line, no TensorFlow start-up chatter (cuFFT/cuDNN factories): TF was never imported.
+    assert result.stderr.strip().splitlines() == [
+        "error: invalid pipeline config: train_steps must be at least 1, got -5 "
+        "(from --set train_steps)"
+    ]
+    assert result.stdout == ""
+    assert not (tmp_path / "logs").exists()  # nothing ran, so no log to point to
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"pipeline_name": "Taxi_Tips"}, "pipeline_name must be lower-case"),
+        ({"pipeline_name": "x" * 64}, "pipeline_name must be lower-case"),
+        ({"min_auc": "nan"}, "min_auc must be a finite number"),
+        ({"learning_rate": "inf"}, "learning_rate must be a finite number"),
+        ({"drift": "-0.5"}, "drift must be >= 0"),
+        ({"hidden_units": "[64, 32.5]"}, "hidden_units: cannot read"),
+        ({"hidden_units": "64,,32"}, "hidden_units: cannot read"),
+        ({"hidden_units": "64,0"}, "hidden_units must be one or more positive"),
+        ({"model_name": ".."}, "model_name must be one folder name"),
+        ({"serving_root": ""}, "serving_root must not be empty"),
+        ({"max_auc_drop": "-0.1"}, "max_auc_drop must be between 0 and 1"),
+        ({"step_memory": "8Gb"}, "step_memory must be a positive Kubernetes quantity"),
+        ({"trainer_cpu": "0"}, "trainer_cpu must be a positive Kubernetes quantity"),
+        ({"kfp_pipeline_root": "/tmp/root"}, "kfp_pipeline_root must be s3://"),
+        ({"beam_args": "direct_num_workers=2"}, "beam_args must be Beam options"),
+    ],
+)
+def test_more_bad_values_name_the_field(overrides, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        PipelineConfig.load(overrides, environ={})
+
+
+def test_every_problem_is_reported_at_once_with_the_variable_it_came_from():
+    environ = {"PIPELINE_EPOCHS": "0", "PIPELINE_MIN_AUC": "1.5"}
+    with pytest.raises(ConfigError) as raised:
+        PipelineConfig.load({"batch_size": "0"}, environ=environ)
+    message = str(raised.value)
+    assert "epochs must be at least 1, got 0 (from PIPELINE_EPOCHS)" in message
+    assert "min_auc must be between 0 and 1, got 1.5 (from PIPELINE_MIN_AUC)" in message
+    assert "batch_size must be at least 1, got 0 (from --set batch_size)" in message
+
+
+def test_unknown_pipeline_variable_is_reported_with_a_suggestion(capsys):
+    PipelineConfig.load(environ={"PIPELINE_TRAIN_STEP": "5", "PIPELINE_WORK_DIR": "/tmp/x"})
+    assert capsys.readouterr().err.strip() == (
+        "warning: PIPELINE_TRAIN_STEP is not a config field and is ignored "
+        "(did you mean PIPELINE_TRAIN_STEPS?)."
+    )
+
+
+def test_kubernetes_quantities_as_kubernetes_writes_them():
+    config = PipelineConfig.load(
+        {"step_cpu": "500m", "step_memory": "8Gi", "trainer_cpu": "1.5", "trainer_memory": "16G"},
+        environ={},
+    )
+    assert kubernetes_quantity(config.step_cpu) == 0.5
+    assert kubernetes_quantity(config.step_memory) == 8 * 2**30
+    assert kubernetes_quantity("1e3") == 1000
+    assert kubernetes_quantity(config.trainer_memory) == 16e9
+
+
+def test_beam_args_keep_commas_inside_an_option():
+    config = PipelineConfig.load(
+        {"beam_args": "--direct_num_workers=2,--experiments=a,b, --runner=DirectRunner"},
+        environ={},
+    )
+    assert config.beam_args == (
+        "--direct_num_workers=2",
+        "--experiments=a,b",
+        "--runner=DirectRunner",
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"model_name": "..", "serving_root": "s3://b/serving"}, "model_name"),
+        ({"model_name": "m", "serving_root": ""}, "serving_root"),
+        ({"min_auc": 5.0}, "min_auc"),
+        ({"max_auc_drop": -0.01}, "max_auc_drop"),
+        ({"span": -3}, "span"),
+        ({"train_steps": 5, "epochs": 6}, "epochs"),
+        ({"train_steps": "5"}, "train_steps must be a whole number"),
+    ],
+)
+def test_run_parameters_follow_the_config_rules(values, named):
+    with pytest.raises(ConfigError, match=f"Pusher: invalid run parameter: {named}"):
+        check_run_parameters("Pusher", values)
+
+
+def test_run_parameters_within_the_rules_pass():
+    check_run_parameters("Evaluator", {"min_auc": 0, "min_accuracy": 1.0, "max_auc_drop": 0.0})

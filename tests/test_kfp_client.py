@@ -238,24 +238,34 @@ def test_check_endpoint_rejects_an_error_status_and_a_missing_scheme(api: FakeKf
 
 def test_unknown_parameter_fails_after_healthz_only(api: FakeKfpApi, package: str) -> None:
     with pytest.raises(KubeflowError) as raised:
-        kfp_client.submit(api.endpoint, package, "taxi-tips", {"spn": "3"})
+        kfp_client.submit(api.endpoint, package, {"spn": "3"})
     assert "['spn']" in str(raised.value)
     assert "['beam_args', 'data_root', 'min_auc', 'span']" in str(raised.value)
     with pytest.raises(KubeflowError, match="span='three' is not a valid NUMBER_INTEGER"):
-        kfp_client.schedule(api.endpoint, package, "taxi-tips", "0 2 * * *", {"span": "three"})
+        kfp_client.schedule(api.endpoint, package, "0 2 * * *", {"span": "three"})
+    assert api.paths() == [f"GET {API}/healthz"] * 2
+
+
+def test_parameter_breaking_a_pipeline_rule_is_refused_before_submitting(
+    api: FakeKfpApi, package: str
+) -> None:
+    with pytest.raises(KubeflowError, match=r"min_auc must be between 0 and 1, got 5\.0"):
+        kfp_client.submit(api.endpoint, package, {"min_auc": "5", "span": "0"})
+    with pytest.raises(KubeflowError, match="span must be -1"):
+        kfp_client.schedule(api.endpoint, package, "0 2 * * *", {"span": "-4"})
     assert api.paths() == [f"GET {API}/healthz"] * 2
 
 
 def test_bad_cron_fails_before_any_request(api: FakeKfpApi, package: str) -> None:
     with pytest.raises(KubeflowError, match="hour field '25'"):
-        kfp_client.schedule(api.endpoint, package, "taxi-tips", "0 25 * * *", {})
+        kfp_client.schedule(api.endpoint, package, "0 25 * * *", {})
     assert api.requests == []
 
 
 def test_not_a_spec_is_named(api: FakeKfpApi, tmp_path) -> None:
     missing = str(tmp_path / "nothing.yaml")
     with pytest.raises(KubeflowError, match="nothing.yaml is not a compiled pipeline spec"):
-        kfp_client.submit(api.endpoint, missing, "taxi-tips", {"span": "3"})
+        kfp_client.submit(api.endpoint, missing, {"span": "3"})
 
 
 # ----------------------------------------------------------------------------- success paths
@@ -265,7 +275,7 @@ def test_submit_uploads_once_and_starts_a_run_with_typed_parameters(
     api: FakeKfpApi, package: str
 ) -> None:
     params = {"span": "3", "min_auc": "0.8", "beam_args": '["--direct_num_workers=2"]'}
-    assert kfp_client.submit(api.endpoint, package, "taxi-tips", params) == "run-1"
+    assert kfp_client.submit(api.endpoint, package, params) == "run-1"
     (run,) = api.bodies("POST", f"{API}/runs")
     assert run["runtime_config"]["parameters"] == {
         "span": 3,
@@ -281,8 +291,8 @@ def test_submit_uploads_once_and_starts_a_run_with_typed_parameters(
     assert "pipeline_spec" not in run  # the run uses the uploaded version, as a UI run would
 
     # The same package again reuses the pipeline; a first version under the hash name is added once.
-    kfp_client.submit(api.endpoint, package, "taxi-tips", {})
-    kfp_client.submit(api.endpoint, package, "taxi-tips", {})
+    kfp_client.submit(api.endpoint, package, {})
+    kfp_client.submit(api.endpoint, package, {})
     assert api.paths().count(f"POST {API}/pipelines/upload") == 1
     assert api.paths().count(f"POST {API}/pipelines/upload_version") == 1
     assert len(api.bodies("POST", f"{API}/runs")) == 3
@@ -292,7 +302,7 @@ def test_schedule_creates_a_single_concurrency_no_catchup_cron_job(
     api: FakeKfpApi, package: str
 ) -> None:
     job_id = kfp_client.schedule(
-        api.endpoint, package, "taxi-tips", "0 2 * * *", {"span": "-1"}, job_name="nightly"
+        api.endpoint, package, "0 2 * * *", {"span": "-1"}, job_name="nightly"
     )
     assert job_id == "job-1"
     (job,) = api.bodies("POST", f"{API}/recurringruns")
@@ -306,7 +316,7 @@ def test_schedule_creates_a_single_concurrency_no_catchup_cron_job(
     assert api.requests[0][1] == f"{API}/healthz"
 
     with pytest.raises(KubeflowError, match="'nightly' already exists .*id job-1"):
-        kfp_client.schedule(api.endpoint, package, "taxi-tips", "0 3 * * *", {}, job_name="nightly")
+        kfp_client.schedule(api.endpoint, package, "0 3 * * *", {}, job_name="nightly")
     assert len(api.bodies("POST", f"{API}/recurringruns")) == 1
 
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from pipelines import kfp_entrypoint
+from pipelines.config import ConfigError
 
 
 def _executor_input(tmp_path) -> dict:
@@ -98,4 +99,11 @@ def test_malformed_beam_args_name_the_parameter(tmp_path):
     executor_input = _executor_input(tmp_path)
     executor_input["inputs"]["parameterValues"]["beam_args"] = "--direct_num_workers=2"
     with pytest.raises(ValueError, match="beam_args must be a JSON list"):
+        kfp_entrypoint.take_beam_args(executor_input)
+
+
+def test_beam_args_that_are_not_options_are_refused_by_the_config_rule(tmp_path):
+    executor_input = _executor_input(tmp_path)
+    executor_input["inputs"]["parameterValues"]["beam_args"] = '["direct_num_workers=2"]'
+    with pytest.raises(ConfigError, match="beam_args must be Beam options starting with '--'"):
         kfp_entrypoint.take_beam_args(executor_input)

@@ -84,12 +84,6 @@ def test_platform_section_secret_env_on_every_step_and_gpu_placement(documents):
     assert "nodeSelector" not in executors["Transform_executor"]
 
 
-def test_no_credential_value_is_compiled_in(object_store):
-    text = kubeflow_runner.render(PipelineConfig())
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        assert os.environ[name] not in text
-
-
 @pytest.mark.parametrize(
     ("mutate", "complaint"),
     [
@@ -216,3 +210,18 @@ def test_the_old_spec_that_cached_the_schema_step_fails_once_its_artifacts_are_g
     assert backend.expire(first) > 0
     with pytest.raises(kfp_harness.TaskFailed, match="input artifact 'schema' has no files"):
         backend.run(spec, documents[1], {"data_root": f"s3://{bucket}/data"})
+
+
+def test_a_run_parameter_breaking_a_rule_stops_the_step_that_receives_it(
+    documents, object_store, tmp_path
+):
+    """A run from the UI or a schedule never passes through the CLI's checks: the step itself
+    refuses the value, naming it, before reading anything. (Cut down to the step involved.)"""
+    spec = copy.deepcopy(documents[0])
+    tasks = spec["root"]["dag"]["tasks"]
+    spec["root"]["dag"]["tasks"] = {"example-gen": tasks["example-gen"]}
+    bucket = object_store.new_bucket("kfp-rule")
+    data.write_span(f"s3://{bucket}/data", 0, 100)
+    backend = _backend(bucket, tmp_path)
+    with pytest.raises(kfp_harness.TaskFailed, match="invalid run parameter: span must be -1"):
+        backend.run(spec, documents[1], {"data_root": f"s3://{bucket}/data", "span": -2})

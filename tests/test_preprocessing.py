@@ -1,15 +1,23 @@
 """preprocessing_fn run through tf.Transform's real Beam implementation on generated trips."""
 
 import datetime
+import io
 
 import numpy as np
 import pandas as pd
 import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
+from tensorflow_transform.tf_metadata import schema_utils
+from tfx.components.transform import executor as transform_executor
+from tfx.proto import example_gen_pb2
+from tfx.types import standard_artifacts
+from tfx.utils import io_utils
 
 from components import features, preprocessing
+from components.schema import CuratedSchemaExecutor
 from pipelines import data
+from pipelines.config import PipelineConfig
 
 xf = features.transformed_name
 NUM_ROWS = 200
@@ -138,3 +146,58 @@ def test_transform_layer_on_label_less_examples_matches_beam(transformed, frame,
     assert features.LABEL_KEY not in served
     for key, values in served.items():
         np.testing.assert_allclose(values.numpy(), columns[key], rtol=1e-5, err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def pipeline_raw_feature_spec(tmp_path_factory) -> dict:
+    """The raw feature spec the pipeline's Transform step decodes with, from the pipeline itself.
+
+    Runs the pipeline's CuratedSchema step into a Schema artifact, takes the file from it as
+    Transform's Executor.Do does and reads it with the TransformProcessor's own _ReadMetadata.
+    """
+    from pipelines.pipeline import create_pipeline  # heavy (TFMA, Kubeflow); only this test
+
+    (node,) = [c for c in create_pipeline(PipelineConfig()).components if c.id == "CuratedSchema"]
+    schema = standard_artifacts.Schema()
+    schema.uri = str(tmp_path_factory.mktemp("curated_schema"))
+    CuratedSchemaExecutor().Do({}, {"schema": [schema]}, dict(node.exec_properties))
+    metadata = transform_executor.TransformProcessor()._ReadMetadata(
+        example_gen_pb2.PayloadFormat.FORMAT_TF_EXAMPLE, io_utils.get_only_uri_in_dir(schema.uri)
+    )
+    return schema_utils.schema_as_feature_spec(metadata.schema).feature_spec
+
+
+def test_tests_use_the_pipelines_raw_feature_spec(
+    pipeline_raw_feature_spec, raw_feature_spec, serving_feature_spec, transformed
+):
+    assert raw_feature_spec == pipeline_raw_feature_spec
+    # The transform graph the tests build records the same raw spec as the pipeline's does, so
+    # the exported serving signature parses requests exactly as in production.
+    _, transform_dir = transformed
+    assert tft.TFTransformOutput(transform_dir).raw_feature_spec() == pipeline_raw_feature_spec
+    # The schema's SERVING environment drops exactly what the serving signature drops: the label.
+    assert serving_feature_spec == {
+        k: v for k, v in pipeline_raw_feature_spec.items() if k != features.LABEL_KEY
+    }
+
+
+def test_examples_take_the_schema_types_not_the_pandas_dtypes(
+    transformed, frame, to_examples, raw_feature_spec
+):
+    """The CSV as pandas reads it back: a missing area makes the column float, and whole-dollar
+    fares would be ints. The examples still hold INT areas and FLOAT fares, as the schema says."""
+    columns, transform_dir = transformed
+    buffer = io.StringIO()
+    frame.to_csv(buffer, index=False, na_rep="")  # as data.write_span writes a span
+    csv_frame = pd.read_csv(io.StringIO(buffer.getvalue()))
+    assert csv_frame["pickup_community_area"].dtype.kind == "f"
+    raw = tf.io.parse_example(tf.constant(to_examples(csv_frame)), raw_feature_spec)
+    served = tft.TFTransformOutput(transform_dir).transform_features_layer()(raw)
+    for key, values in served.items():
+        np.testing.assert_allclose(values.numpy(), columns[key], rtol=1e-5, err_msg=key)
+
+    whole = csv_frame.assign(fare=csv_frame["fare"].round().astype("int64"))
+    fare_spec = {"fare": raw_feature_spec["fare"]}
+    parsed = tf.io.parse_example(tf.constant(to_examples(whole)), fare_spec)["fare"]
+    assert parsed.dtype == tf.float32
+    np.testing.assert_array_equal(parsed.numpy()[:, 0], whole["fare"].to_numpy(np.float32))

@@ -1,0 +1,105 @@
+"""The CLI as a user starts it: `python -m pipelines.cli ...` in its own process and work folder."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from pipelines.object_store import EmbeddedObjectStore
+
+# Credentials nothing may print, log, store or compile. SeaweedFS accepts any key.
+SENTINEL_KEY_ID = "AKIASENTINELKEY7QX4"
+SENTINEL_SECRET = "sentinel-secret-9b1f0c7e4d2a"
+
+
+def environment(work_dir: Path, **extra: str) -> dict[str, str]:
+    """The test process's environment without its object store, in a work folder of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PIPELINE_"))}
+    env.update(
+        PIPELINE_WORK_DIR=str(work_dir),
+        AWS_ACCESS_KEY_ID=SENTINEL_KEY_ID,
+        AWS_SECRET_ACCESS_KEY=SENTINEL_SECRET,
+        AWS_REGION="us-east-1",
+    )
+    env.update(extra)
+    return env
+
+
+def run(work_dir: Path, *args: str, timeout: float = 600, **extra: str):
+    """Runs one CLI command to its end; returns the CompletedProcess (text output)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment(work_dir, **extra),
+    )
+
+
+class Background:
+    """A CLI command left running (`store`), whose output lines can be waited for."""
+
+    def __init__(self, work_dir: Path, *args: str):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment(work_dir),
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+
+    def wait_for(self, text: str, timeout: float = 120) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+                continue
+            self.seen.append(line)
+            if text in line:
+                return line
+        raise AssertionError(
+            f"no line with {text!r}; output so far: {self.seen}; "
+            f"stderr: {self.process.stderr.read() if self.process.poll() is not None else '…'}"
+        )
+
+    def finish(self, timeout: float = 60) -> tuple[int, str, str]:
+        _, err = self.process.communicate(timeout=timeout)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return self.process.returncode, "".join(self.seen), err
+
+
+def store_pid(work_dir: Path) -> int:
+    pid_file = work_dir / "seaweedfs" / EmbeddedObjectStore.PID_FILE
+    return int(pid_file.read_text().split()[0])
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pid: int, timeout: float = 40) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not alive(pid)

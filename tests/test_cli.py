@@ -1,0 +1,169 @@
+"""The CLI as a user calls it: `store`, `run`, `add-span` and `compile` in their own processes.
+
+One user session: the store started in the foreground and stopped with SIGTERM, a run that keeps
+the store, an `add-span` that reuses it, and a compile. The credentials are sentinels that must
+appear nowhere: not on the console, in a log, in ML Metadata, in an artifact or in the spec.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines import data, storage
+from pipelines.config import SPEC_PATH
+from pipelines.object_store import s3_client
+from tests import cli_process
+from tests.cli_process import SENTINEL_KEY_ID, SENTINEL_SECRET, Background, store_pid, wait_gone
+
+BUCKET = "tfx-pipeline"  # the default config's bucket, created by the CLI's store
+GLOG_OR_WARNING = re.compile(r"^[IWEF]\d{4} |WARNING|Warning:|cuFFT|cuDNN|cuBLAS|absl", re.M)
+
+
+def _files_containing(root: Path, needles: list[bytes]) -> list[str]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and any(n in path.read_bytes() for n in needles):
+            found.append(str(path))
+    return found
+
+
+def test_a_user_session_store_run_add_span_compile(tmp_path, monkeypatch):
+    console = []  # everything the commands printed
+    for name, value in cli_process.environment(tmp_path).items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)  # this process writes to the CLI's store too
+
+    # The store in the foreground: span 0, and a newer span folder that holds no CSV yet.
+    store = Background(tmp_path, "store")
+    line = store.wait_for("export AWS_ENDPOINT_URL_S3=")
+    endpoint = re.search(r"AWS_ENDPOINT_URL_S3=(\S+)", line).group(1)
+    client = s3_client(endpoint)
+    frame = data.generate_trips(3000, span=0)
+    client.put_object(Bucket=BUCKET, Key="data/taxi-trips/span-0/part-00000.csv",
+                      Body=frame.to_csv(index=False, na_rep="").encode())  # fmt: skip
+    client.put_object(Bucket=BUCKET, Key="data/taxi-trips/span-1/UPLOADING", Body=b"")
+    store.process.send_signal(signal.SIGTERM)
+    code, out, err = store.finish()
+    console += [out, err]
+    assert code == 143, err
+
+    kept_pid = None
+    try:
+        # The run of span 0 (not the newest folder), keeping the store.
+        run = cli_process.run(
+            tmp_path, "run", "--keep-store", "--set", "span=0", "--set", "train_steps=300",
+            "--set", "epochs=1", "--set", "eval_steps=10", "--set", "min_auc=0.5",
+            "--set", "min_accuracy=0.5",
+        )  # fmt: skip
+        console += [run.stdout, run.stderr]
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.stderr == ""
+        assert not GLOG_OR_WARNING.search(run.stdout), run.stdout
+        assert "[9/9] Pusher finished in" in run.stdout
+        assert "Data span: 0" in run.stdout
+        assert (
+            f"Predictions of s3://{BUCKET}/serving/taxi-tips/1 on the first rows of "
+            f"s3://{BUCKET}/data/taxi-trips/span-0/part-00000.csv:" in run.stdout
+        )
+        log_path = Path(re.search(r"full log: (\S+)\)", run.stdout).group(1))
+        assert log_path.parent == tmp_path / "logs"
+        log = log_path.read_text()
+        assert "ExampleGen: reading span 0" in log  # the libraries' output went here instead
+        assert "Object store left running at" in run.stdout
+        kept_pid = store_pid(tmp_path)
+
+        # add-span reuses the kept store and numbers after the newest folder.
+        added = cli_process.run(tmp_path, "add-span", "--rows", "100")
+        console += [added.stdout, added.stderr]
+        assert added.returncode == 0, added.stderr
+        assert f"(pid {kept_pid}): reusing it" in added.stdout
+        assert "Wrote span 2 (100 rows, drift 0.0)" in added.stdout
+        refused = cli_process.run(tmp_path, "add-span", "--rows", "-5")
+        assert refused.returncode == 2
+        assert "rows_per_span must be at least 1, got -5 (from --rows)" in refused.stderr
+        kept_endpoint = (tmp_path / "seaweedfs" / "store.pid").read_text().split()[1]
+        listing = s3_client(kept_endpoint).list_objects_v2(Bucket=BUCKET, Prefix="data/taxi-trips/")
+        written = {item["Key"].split("/")[2] for item in listing["Contents"]}
+        assert written == {"span-0", "span-1", "span-2"}  # nothing for --rows -5
+    finally:
+        if kept_pid:
+            os.kill(kept_pid, signal.SIGTERM)
+            assert wait_gone(kept_pid)
+
+    spec = tmp_path / "spec.yaml"
+    compiled = cli_process.run(tmp_path, "compile", "--output", str(spec))
+    console += [compiled.stdout, compiled.stderr]
+    assert compiled.returncode == 0, compiled.stderr
+    assert spec.read_text() == SPEC_PATH.read_text()  # the environment changes nothing in it
+
+    secrets = [SENTINEL_KEY_ID.encode(), SENTINEL_SECRET.encode()]
+    assert (tmp_path / "metadata.sqlite").exists() and (tmp_path / "pipeline_root").is_dir()
+    assert _files_containing(tmp_path, secrets) == []
+    assert not any(s.decode() in text for s in secrets for text in console)
+
+
+@pytest.fixture
+def data_bucket(object_store) -> str:
+    bucket = object_store.new_bucket("cli")
+    data.write_span(f"s3://{bucket}/data", 0, 200)
+    return bucket
+
+
+def test_unexpected_error_keeps_its_traceback_in_this_commands_log(tmp_path, data_bucket):
+    old_log = tmp_path / "logs" / "run-20200101-000000-1.log"
+    old_log.parent.mkdir()
+    old_log.write_text("an older run\n")
+    endpoint = s3_client().meta.endpoint_url
+
+    result = cli_process.run(
+        tmp_path, "run", "--set", f"data_root=s3://{data_bucket}/data",
+        "--set", f"serving_root=s3://{data_bucket}/serving",
+        "--set", "beam_args=--runner=NoSuchRunner",
+        AWS_ENDPOINT_URL_S3=endpoint,
+    )  # fmt: skip
+
+    assert result.returncode == 1
+    assert "NoSuchRunner" in result.stderr
+    named = re.search(r"the traceback is in (\S+)\.$", result.stderr, re.M)
+    assert named, result.stderr
+    log_path = Path(named.group(1))
+    assert log_path != old_log and log_path.parent == old_log.parent
+    log = log_path.read_text()
+    assert "Traceback (most recent call last)" in log and "NoSuchRunner" in log
+    assert not storage.list_files(f"s3://{data_bucket}/serving/**")
+
+
+def test_failure_before_the_pipeline_names_this_commands_log(tmp_path):
+    old_log = tmp_path / "logs" / "run-20200101-000000-1.log"
+    old_log.parent.mkdir()
+    old_log.write_text("an older run\n")
+
+    result = cli_process.run(tmp_path, "run", AWS_ENDPOINT_URL_S3="http://127.0.0.1:9")
+
+    assert result.returncode == 1
+    assert "error: cannot reach bucket 'tfx-pipeline'" in result.stderr
+    named = re.search(r"The full log is in (\S+)\.$", result.stderr, re.M)
+    assert named, result.stderr
+    log_path = Path(named.group(1))
+    assert log_path != old_log
+    assert "StorageError" in log_path.read_text()
+
+
+def test_help_and_refusals_name_the_program_as_it_was_started():
+    script = Path(sys.executable).parent / "tkp"  # the console script pyproject.toml installs
+    by_script = subprocess.run([str(script), "pause", "--set", "x=1"], capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+    by_module = subprocess.run([sys.executable, "-m", "pipelines.cli", "--help"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    assert by_script.returncode == 2
+    assert by_script.stderr.startswith("usage: tkp pause")
+    assert "--set changes the compiled spec and has no effect here" in by_script.stderr
+    assert by_module.stdout.startswith("usage: python -m pipelines.cli ")

@@ -1,0 +1,67 @@
+"""Every executor checks its run parameters with the config's rules before doing any work.
+
+On Kubeflow a run's parameters come from the UI or a recurring run and reach the executors
+without passing through PipelineConfig. Each case below ran to completion (or escaped
+serving_root) before the executors checked them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tfx.types import standard_artifacts
+
+from components.baseline import LatestPushedModelExecutor
+from components.evaluation import ThresholdEvaluatorExecutor
+from components.example_gen import Executor as ExampleGenExecutor
+from components.pusher import VersionedPusherExecutor
+from components.trainer import TunableTrainerExecutor
+from pipelines.config import ConfigError
+
+
+def _artifact(kind, uri: str):
+    artifact = kind()
+    artifact.uri = uri
+    return artifact
+
+
+@pytest.mark.parametrize(
+    ("exec_properties", "message"),
+    [
+        ({"serving_root": "s3://b/serving", "model_name": ".."}, "model_name must be one folder"),
+        ({"serving_root": "", "model_name": "taxi"}, "serving_root must not be empty"),
+    ],
+)
+def test_serving_steps_refuse_a_model_name_or_root_that_leaves_the_serving_dir(
+    tmp_path, exec_properties, message
+):
+    baseline = _artifact(standard_artifacts.Model, str(tmp_path / "baseline"))
+    with pytest.raises(ConfigError, match=f"LatestPushedModel: invalid run parameter: {message}"):
+        LatestPushedModelExecutor().Do({}, {"baseline_model": [baseline]}, exec_properties)
+    pushed = _artifact(standard_artifacts.PushedModel, str(tmp_path / "pushed"))
+    with pytest.raises(ConfigError, match=f"Pusher: invalid run parameter: {message}"):
+        VersionedPusherExecutor().Do({}, {"pushed_model": [pushed]}, exec_properties)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("thresholds", "message"),
+    [
+        ({"min_auc": 5.0, "min_accuracy": 0.7, "max_auc_drop": 0.01}, "min_auc must be between"),
+        ({"min_auc": 0.7, "min_accuracy": 0.7, "max_auc_drop": -0.1}, "max_auc_drop must be"),
+    ],
+)
+def test_evaluator_refuses_thresholds_no_model_can_meet_or_that_invert_the_gate(
+    thresholds, message
+):
+    with pytest.raises(ConfigError, match=f"Evaluator: invalid run parameter: {message}"):
+        ThresholdEvaluatorExecutor().Do({}, {}, thresholds)
+
+
+def test_trainer_refuses_more_epochs_than_steps():
+    with pytest.raises(ConfigError, match=r"Trainer: invalid run parameter: epochs \(8\) cannot"):
+        TunableTrainerExecutor().Do({}, {}, {"train_steps": 4, "epochs": 8})
+
+
+def test_example_gen_refuses_a_span_below_minus_one():
+    with pytest.raises(ConfigError, match="ExampleGen: invalid run parameter: span must be -1"):
+        ExampleGenExecutor().Do({}, {}, {"input_base": "s3://b/data", "span": -2})
