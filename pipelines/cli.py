@@ -38,27 +38,33 @@ def cmd_run(args: argparse.Namespace, config: PipelineConfig) -> int:
     started = time.monotonic()
     with local_runner.object_store(config, keep=args.keep_store):
         local_runner.ensure_data(config)
-        print(f"Running pipeline {config.pipeline_name!r} (full log: {args.log_path}) ...")
+        console.say(f"Running pipeline {config.pipeline_name!r} (full log: {args.log_path}) ...")
         summary = local_runner.run_pipeline(config, log_path=args.log_path)
-        print(format_summary(summary))
+        console.say(format_summary(summary))
         served = summary.pushed_path or local_runner.latest_served(config)
         if served and summary.span is not None:
             span_dir = data.span_dir(config.data_root, summary.span)
-            print("\n" + "\n".join(serving.sample_predictions(served, span_dir)))
-    print(f"\nDone in {time.monotonic() - started:.0f} s.")
+            console.say("\n" + "\n".join(serving.sample_predictions(served, span_dir)))
+    console.say(f"\nDone in {time.monotonic() - started:.0f} s.")
     return 0
+
+
+def _span_size(args: argparse.Namespace, config: PipelineConfig) -> tuple[int, float]:
+    """add-span's --rows and --drift (or the config's values), checked by the config's rules."""
+    rows = config.rows_per_span if args.rows is None else args.rows
+    drift = config.drift if args.drift is None else args.drift
+    check_values("add-span", {"rows_per_span": rows, "drift": drift},
+                 sources={"rows_per_span": "--rows", "drift": "--drift"})  # fmt: skip
+    return rows, drift
 
 
 def cmd_add_span(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import data, local_runner
 
-    rows = config.rows_per_span if args.rows is None else args.rows
-    drift = config.drift if args.drift is None else args.drift
-    check_values("add-span", {"rows_per_span": rows, "drift": drift},
-                 sources={"rows_per_span": "--rows", "drift": "--drift"})  # fmt: skip
+    rows, drift = _span_size(args, config)
     with local_runner.object_store(config):
         span = data.add_next_span(config.data_root, rows, seed=config.seed, drift=drift)
-    print(
+    console.say(
         f"Wrote span {span} ({rows} rows, drift {drift}) to {data.span_dir(config.data_root, span)}"
     )
     return 0
@@ -69,17 +75,27 @@ def cmd_store(args: argparse.Namespace, config: PipelineConfig) -> int:
 
     try:
         with local_runner.object_store(config) as store:
-            if not store.started_here:
-                print(f"Nothing to start: an object store already answers at {store.endpoint}.")
+            if store.kind == "reused":
+                console.say(
+                    f"Nothing to start: the store of this folder answers at {store.endpoint}."
+                )
                 return 0
-            print(f"Object store at {store.endpoint}; Ctrl-C stops it. For other shells:")
+            if store.kind != "started":
+                console.error(
+                    f"Nothing to start: AWS_ENDPOINT_URL_S3 is set ({store.endpoint}), so commands "
+                    "use that store; unset it to use the embedded one."
+                    if store.kind == "configured"
+                    else "Nothing to start: no data_root, serving_root or pipeline_root is s3://."
+                )
+                return 1
+            console.say(f"Object store at {store.endpoint}; Ctrl-C stops it. For other shells:")
             # SeaweedFS without an IAM config accepts any key: never echo the user's own.
-            print(f"  export AWS_ENDPOINT_URL_S3={store.endpoint} AWS_ACCESS_KEY_ID=<any> "
-                  "AWS_SECRET_ACCESS_KEY=<any> AWS_REGION=us-east-1", flush=True)  # fmt: skip
+            console.say(f"  export AWS_ENDPOINT_URL_S3={store.endpoint} AWS_ACCESS_KEY_ID=any "
+                        "AWS_SECRET_ACCESS_KEY=any AWS_REGION=us-east-1")  # fmt: skip
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
-        print("Object store stopped.")
+        console.say("Object store stopped.")
         return 0
 
 
@@ -87,7 +103,7 @@ def cmd_compile(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import kubeflow_runner
 
     path = kubeflow_runner.write(config, Path(args.output))
-    print(f"Wrote {path} (cpu image {config.cpu_image}, gpu image {config.gpu_image}).")
+    console.say(f"Wrote {path} (cpu image {config.cpu_image}, gpu image {config.gpu_image}).")
     return 0
 
 
@@ -99,7 +115,7 @@ def cmd_submit(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
     run_id = kfp_client.submit(args.endpoint, args.package, _parameters(args), args.experiment)
-    print(f"Started run {run_id} of {args.package} on {args.endpoint}.")
+    console.say(f"Started run {run_id} of {args.package} on {args.endpoint}.")
     return 0
 
 
@@ -109,7 +125,9 @@ def cmd_schedule(args: argparse.Namespace, config: None) -> int:
     job_id = kfp_client.schedule(
         args.endpoint, args.package, args.cron, _parameters(args), args.experiment, args.name
     )
-    print(f"Created recurring run {job_id} ({args.name}, cron {args.cron!r}) on {args.endpoint}.")
+    console.say(
+        f"Created recurring run {job_id} ({args.name}, cron {args.cron!r}) on {args.endpoint}."
+    )
     return 0
 
 
@@ -117,7 +135,7 @@ def cmd_pause(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
     kfp_client.pause(args.endpoint, args.recurring_run_id)
-    print(f"Paused recurring run {args.recurring_run_id}.")
+    console.say(f"Paused recurring run {args.recurring_run_id}.")
     return 0
 
 
@@ -125,7 +143,7 @@ def cmd_resume(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
     kfp_client.resume(args.endpoint, args.recurring_run_id)
-    print(f"Resumed recurring run {args.recurring_run_id}.")
+    console.say(f"Resumed recurring run {args.recurring_run_id}.")
     return 0
 
 
@@ -216,9 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def _exit_on_signal(signum: int, frame) -> None:
-    """SIGTERM and SIGHUP end in the same clean-up as an error (the object store is stopped)."""
-    print(f"\nStopping: received {signal.Signals(signum).name}.", file=console.err, flush=True)
+    """SIGTERM and SIGHUP end in the same clean-up as an error (the object store is stopped);
+    a second signal must not cut that clean-up short."""
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    console.error(f"\nStopping: received {signal.Signals(signum).name}.")
     raise SystemExit(128 + signum)
 
 
@@ -229,12 +253,11 @@ def _report(error: Exception, log, log_path: Path) -> int:
     log.flush()
     cause = actionable_cause(error)
     if isinstance(cause, ActionableError):
-        print(f"\nerror: {cause}", file=console.err)
-        print(f"The full log is in {log_path}.", file=console.err)
+        console.error(f"\nerror: {cause}")
+        console.error(f"The full log is in {log_path}.")
         return 2 if isinstance(cause, ConfigError) else 1
-    print(f"\nerror: {type(cause).__name__}: {cause}", file=console.err)
-    print(f"This is not a known input or setup problem; the traceback is in {log_path}.",
-          file=console.err)  # fmt: skip
+    console.error(f"\nerror: {type(cause).__name__}: {cause}")
+    console.error(f"This is not a known input or setup problem; the traceback is in {log_path}.")
     return 1
 
 
@@ -248,17 +271,26 @@ def main(argv: list[str] | None = None) -> int:
         config = (
             PipelineConfig.load(parse_assignments(args.set or [])) if args.uses_config else None
         )
+        if args.command == "add-span":
+            _span_size(args, config)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, _exit_on_signal)
     args.log_path = console.new_log_path(args.command)
+    try:
+        args.log_path.parent.mkdir(parents=True, exist_ok=True)
+        args.log_path.touch()
+    except OSError as e:
+        print(f"error: cannot write this command's log {args.log_path} ({e}): set "
+              "PIPELINE_WORK_DIR to a writable folder.", file=sys.stderr)  # fmt: skip
+        return 1
     with console.output_to_log(args.log_path) as log:
         try:
             code = args.handler(args, config)
         except KeyboardInterrupt:
-            print("\nInterrupted.", file=console.err)
+            console.error("\nInterrupted.")
             code = 130
         except Exception as error:
             code = _report(error, log, args.log_path)

@@ -1,5 +1,10 @@
 """The one configuration object every runner uses, and the one set of rules for its values.
 
+The rules and the text parsing are written here rather than taken from pydantic-settings: most
+rules are this project's own (pinned images, Kubernetes quantities, DNS names, storage roots),
+the same rules must check a few values inside each executor, and every error names the
+environment variable or flag the value came from.
+
 Values come from, in order of precedence: `--set field=value` on the command line, environment
 variables `PIPELINE_<FIELD>` (upper case), then the defaults below. Object-store endpoint and
 credentials are never fields: they come from the environment only (AWS_ENDPOINT_URL_S3,
@@ -180,9 +185,10 @@ def _message(
     title: str, found: list[tuple[str, str]], sources: Mapping[str, str] | None = None
 ) -> str:
     parts = []
-    for name, problem in found:
-        source = (sources or {}).get(name)
-        parts.append(f"{problem} (from {source})" if source else problem)
+    for names, problem in found:  # a rule across fields names them joined by "+"
+        given = [(sources or {}).get(name) for name in names.split("+")]
+        given = [source for source in given if source]
+        parts.append(f"{problem} (from {', '.join(given)})" if given else problem)
     return f"{title}: " + "; ".join(parts)
 
 
@@ -207,7 +213,7 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 _PATH_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Kubernetes resource quantities (k8s.io/apimachinery/pkg/api/resource/quantity.go).
 _QUANTITY = re.compile(
-    r"(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE](-?\d+))?"
+    r"(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?\d+))?"
 )
 _QUANTITY_FACTORS = {
     None: 1, "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
@@ -306,15 +312,21 @@ def _pinned(name: str, image: str) -> str | None:
     return f"{name} must name an exact tag or digest (not 'latest'), got {image!r}"
 
 
-def _quantity(name: str, value: str) -> str | None:
-    try:
-        if kubernetes_quantity(value) > 0:
-            return None
-    except ValueError:
-        pass
-    return (
-        f"{name} must be a positive Kubernetes quantity such as 2, 500m, 8G or 8Gi, got {value!r}"
-    )
+def _cpu(name: str, value: str) -> str | None:
+    """CPUs as Kubernetes writes them: cores (`2`, `0.5`) or millicores (`500m`), at least 1m."""
+    match = _QUANTITY.fullmatch(value.strip())
+    if match and match.group(2) in (None, "m") and kubernetes_quantity(value) >= 1e-3:
+        return None
+    return f"{name} must be CPUs such as 2, 0.5 or 500m, got {value!r}"
+
+
+def _memory(name: str, value: str) -> str | None:
+    """Bytes as Kubernetes writes them (`8G`, `8Gi`, `512Mi`), at least 1M: the backend writes
+    the limit as `<n>G`, and a fraction of a byte (`500m`) is no limit a pod can start with."""
+    match = _QUANTITY.fullmatch(value.strip())
+    if match and match.group(2) not in ("n", "u", "m") and kubernetes_quantity(value) >= 1e6:
+        return None
+    return f"{name} must be memory of at least 1M such as 8G, 8Gi or 512Mi, got {value!r}"
 
 
 def _label_selector(name: str, value: str) -> str | None:
@@ -358,10 +370,10 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "gpu_node_selector": _label_selector,
     "gpu_toleration_key": _not_empty,
     "credentials_secret": _matches(_DNS_SUBDOMAIN, "a Kubernetes Secret name"),
-    "step_cpu": _quantity,
-    "step_memory": _quantity,
-    "trainer_cpu": _quantity,
-    "trainer_memory": _quantity,
+    "step_cpu": _cpu,
+    "step_memory": _memory,
+    "trainer_cpu": _cpu,
+    "trainer_memory": _memory,
 }
 assert set(RULES) == set(FIELDS), "every config field needs a rule"
 
@@ -391,15 +403,12 @@ def problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
         problem = _type_problem(name, value) or RULES[name](name, value)
         if problem:
             found.append((name, problem))
-    bad = {name for name, _ in found}
+    bad = {name for name, _ in found}  # a cross-field rule only on values that pass their own
     if {"epochs", "train_steps"} <= set(values) - bad and values["epochs"] > values["train_steps"]:
-        found.append(
-            (
-                "epochs",
-                f"epochs ({values['epochs']}) cannot exceed train_steps "
-                f"({values['train_steps']})",
-            )  # fmt: skip
+        too_many = (
+            f"epochs ({values['epochs']}) cannot exceed train_steps ({values['train_steps']})"
         )
+        found.append(("epochs+train_steps", too_many))  # "+": both fields' sources are named
     return found
 
 

@@ -1,9 +1,10 @@
 """What reaches the console, and what goes to the command's log file instead.
 
-The console shows progress, results and errors. Everything else (TensorFlow's C++ log lines,
-absl and Python warnings, Beam's and TFX's logging) goes to the log file: the libraries write to
-file descriptors 1 and 2 from C++ as well as from Python, so the descriptors themselves are
-redirected, and Python's `sys.stdout` is pointed back at the terminal for the project's own output.
+The console shows progress, results and errors: the project writes them with `say` and `error`.
+Everything else (TensorFlow's C++ log lines, absl and Python warnings, Keras' training lines,
+Beam's and TFX's logging) goes to the log file: libraries write to file descriptors 1 and 2 from
+C++ as well as from Python (`sys.stdout`, `sys.stderr`), so while a command runs both descriptors
+point at the log, and only `say` and `error` hold on to the terminal.
 """
 
 from __future__ import annotations
@@ -18,8 +19,22 @@ from typing import TextIO
 
 from pipelines.config import WORK_DIR
 
-# Where the project's own error lines go: the terminal's stderr, also while fd 2 is redirected.
-err: TextIO = sys.stderr
+# The terminal while output_to_log is active; None means "sys.stdout / sys.stderr as they are".
+_out: TextIO | None = None
+_err: TextIO | None = None
+
+
+def out() -> TextIO:
+    """The stream for progress and results."""
+    return _out or sys.stdout
+
+
+def say(*parts: object) -> None:
+    print(*parts, file=out(), flush=True)
+
+
+def error(*parts: object) -> None:
+    print(*parts, file=_err or sys.stderr, flush=True)
 
 
 def new_log_path(command: str) -> Path:
@@ -29,26 +44,25 @@ def new_log_path(command: str) -> Path:
 
 @contextlib.contextmanager
 def output_to_log(log_path: Path) -> Iterator[TextIO]:
-    """Sends fds 1 and 2 to `log_path` while `sys.stdout` (print) and `console.err` stay on the
-    terminal; yields the log file, for writing a traceback to it."""
-    global err
+    """Sends fds 1 and 2, and so `sys.stdout` and `sys.stderr`, to `log_path` while `say` and
+    `error` keep writing to the terminal; yields the log file, for writing a traceback to it."""
+    global _out, _err
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     terminal_out = os.fdopen(os.dup(1), "w", buffering=1)
     terminal_err = os.fdopen(os.dup(2), "w", buffering=1)
-    previous_stdout, previous_err = sys.stdout, err
     with open(log_path, "a", buffering=1) as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-        sys.stdout, err = terminal_out, terminal_err
+        _out, _err = terminal_out, terminal_err
         try:
             yield log
         finally:
-            for stream in (sys.stdout, sys.stderr, terminal_err):
+            for stream in (sys.stdout, sys.stderr, terminal_out, terminal_err):
                 stream.flush()
-            sys.stdout, err = previous_stdout, previous_err
+            _out = _err = None
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
             for descriptor in saved:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from pipelines import data, storage
+from pipelines import console, data, storage
 from pipelines.config import WORK_DIR, PipelineConfig
 from pipelines.object_store import EmbeddedObjectStore
 from pipelines.run_summary import RunSummary, read_summary
@@ -28,7 +27,7 @@ def s3_buckets(config: PipelineConfig) -> set[str]:
 
 class Store(NamedTuple):
     endpoint: str
-    started_here: bool  # False: a configured store, or this folder's server already running
+    kind: str  # "configured" (AWS_ENDPOINT_URL_S3), "none" (no s3:// paths), "reused", "started"
 
 
 @contextlib.contextmanager
@@ -37,25 +36,30 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
     already running on .work/seaweedfs, or one started now and stopped on the way out, whatever
     the way out (an error, Ctrl-C, or SIGTERM, which the CLI turns into an exception), unless
     `keep`."""
-    if os.environ.get("AWS_ENDPOINT_URL_S3") or not s3_buckets(config):
-        yield Store(os.environ.get("AWS_ENDPOINT_URL_S3", "(no S3 paths configured)"), False)
+    if os.environ.get("AWS_ENDPOINT_URL_S3"):
+        yield Store(os.environ["AWS_ENDPOINT_URL_S3"], "configured")
+        return
+    if not s3_buckets(config):
+        yield Store("", "none")
         return
     store = EmbeddedObjectStore(WORK_DIR / "seaweedfs")
-    print(f"Starting embedded object store (SeaweedFS) in {store.data_dir} ...", flush=True)
+    console.say(f"Starting embedded object store (SeaweedFS) in {store.data_dir} ...")
     started = time.monotonic()
     store.start(detached=keep)
     if store.reused_pid:
-        print(f"  already running at {store.endpoint} (pid {store.reused_pid}): reusing it")
+        console.say(f"  already running at {store.endpoint} (pid {store.reused_pid}): reusing it")
     else:
-        print(f"  listening at {store.endpoint} ({time.monotonic() - started:.1f} s)", flush=True)
+        console.say(f"  listening at {store.endpoint} ({time.monotonic() - started:.1f} s)")
     try:
         for bucket in sorted(s3_buckets(config)):
             store.create_bucket(bucket)
-        yield Store(store.endpoint, store.reused_pid is None)
+        yield Store(store.endpoint, "reused" if store.reused_pid else "started")
     finally:
         if keep and store.process:
-            print(f"Object store left running at {store.endpoint} (pid {store.pid}); the next "
-                  f"command reuses it; `kill {store.pid}` stops it.")  # fmt: skip
+            console.say(
+                f"Object store left running at {store.endpoint} (pid {store.pid}); the next "
+                f"command reuses it; `kill {store.pid}` stops it."
+            )
         else:
             store.stop()
         os.environ.pop("AWS_ENDPOINT_URL_S3", None)
@@ -73,7 +77,9 @@ def ensure_data(config: PipelineConfig) -> None:
     """Writes span 0 when the data root holds no spans, so a first run has something to train on."""
     if data.existing_spans(config.data_root):
         return
-    print(f"No data under {config.data_root}: generating span 0 ({config.rows_per_span} rows) ...")
+    console.say(
+        f"No data under {config.data_root}: generating span 0 ({config.rows_per_span} rows) ..."
+    )
     data.write_span(config.data_root, 0, config.rows_per_span, seed=config.seed, drift=config.drift)
 
 
@@ -92,7 +98,7 @@ def _progress(total: int) -> Iterator[dict[str, float]]:
 
     def launch(self):
         node = self._pipeline_node.node_info.id
-        print(f"[{len(seconds) + 1}/{total}] {node} ...", flush=True)
+        console.say(f"[{len(seconds) + 1}/{total}] {node} ...")
         started = time.monotonic()
         outcome = "FAILED after"
         try:
@@ -102,21 +108,21 @@ def _progress(total: int) -> Iterator[dict[str, float]]:
         finally:
             now = time.monotonic()
             seconds[node] = now - started
-            print(f"[{len(seconds)}/{total}] {node} {outcome} {seconds[node]:.1f} s "
-                  f"(run so far {now - run_start:.0f} s)", flush=True)  # fmt: skip
+            console.say(f"[{len(seconds)}/{total}] {node} {outcome} {seconds[node]:.1f} s "
+                        f"(run so far {now - run_start:.0f} s)")  # fmt: skip
 
     # Our executors' own notes (span read, baseline found, version pushed) go to the console too.
     notes = logging.getLogger("components")
-    console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(logging.Formatter("      %(message)s"))
-    notes.addHandler(console)
+    console_handler = logging.StreamHandler(console.out())
+    console_handler.setFormatter(logging.Formatter("      %(message)s"))
+    notes.addHandler(console_handler)
     notes.setLevel(logging.INFO)
     launcher.Launcher.launch = launch
     try:
         yield seconds
     finally:
         launcher.Launcher.launch = original_launch
-        notes.removeHandler(console)
+        notes.removeHandler(console_handler)
 
 
 def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSummary:

@@ -130,16 +130,18 @@ class EmbeddedObjectStore:
     def _recorded(self) -> tuple[int, str] | None:
         """(pid, endpoint) of the server the pid file names, if it is alive; else None (and a
         stale pid file is removed)."""
-        try:
-            pid_text, endpoint = self.pid_file.read_text().split()
-            pid = int(pid_text)
-        except (OSError, ValueError):
-            self.pid_file.unlink(missing_ok=True)
-            return None
-        if pid in _weed_processes_on(self.data_dir):
-            return pid, endpoint
+        recorded = self._read_pid_file()
+        if recorded and recorded[0] in _weed_processes_on(self.data_dir):
+            return recorded
         self.pid_file.unlink(missing_ok=True)
         return None
+
+    def _read_pid_file(self) -> tuple[int, str] | None:
+        try:
+            pid_text, endpoint = self.pid_file.read_text().split()
+            return int(pid_text), endpoint
+        except (OSError, ValueError):
+            return None
 
     def start(self, timeout_s: float = 60.0, detached: bool = False) -> EmbeddedObjectStore:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -149,13 +151,18 @@ class EmbeddedObjectStore:
         recorded = self._recorded()
         if recorded:
             pid, endpoint = recorded
-            try:
-                s3_client(endpoint).list_buckets()
-            except Exception as e:
-                raise StoreError(
-                    f"SeaweedFS (pid {pid}) holds {self.data_dir} but does not answer at "
-                    f"{endpoint} ({e}): stop it with `kill {pid}`, then start again."
-                ) from e
+            deadline = time.monotonic() + timeout_s  # it may still be starting
+            while True:
+                try:
+                    s3_client(endpoint).list_buckets()
+                    break
+                except Exception as e:
+                    if time.monotonic() > deadline or pid not in _weed_processes_on(self.data_dir):
+                        raise StoreError(
+                            f"SeaweedFS (pid {pid}) holds {self.data_dir} but does not answer at "
+                            f"{endpoint} ({e}): stop it with `kill {pid}`, then start again."
+                        ) from e
+                    time.sleep(0.5)
             self.reused_pid, self.endpoint = pid, endpoint
             os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
             return self
@@ -188,12 +195,20 @@ class EmbeddedObjectStore:
             )  # fmt: skip
         self.endpoint = f"http://127.0.0.1:{s3_port}"
         self.pid_file.write_text(f"{self.process.pid} {self.endpoint}\n")
+        try:
+            self._wait_until_it_answers(timeout_s, log_offset)
+        except BaseException:  # an error, Ctrl-C or a signal while it starts: never leave it
+            self.stop()
+            raise
+        os.environ["AWS_ENDPOINT_URL_S3"] = self.endpoint
+        return self
+
+    def _wait_until_it_answers(self, timeout_s: float, log_offset: int) -> None:
         deadline = time.monotonic() + timeout_s
         client = s3_client(self.endpoint)
         while True:
             if self.process.poll() is not None:
                 code = self.process.returncode
-                self.stop()
                 with open(self.log_path, "rb") as log:
                     log.seek(log_offset)
                     reason = _error_line(log.read().decode(errors="replace"))
@@ -205,13 +220,10 @@ class EmbeddedObjectStore:
                 break
             except Exception as e:  # not answering yet
                 if time.monotonic() > deadline:
-                    self.stop()
                     raise StoreError(
                         f"SeaweedFS did not answer within {timeout_s:.0f} s; see {self.log_path}"
                     ) from e
                 time.sleep(0.5)
-        os.environ["AWS_ENDPOINT_URL_S3"] = self.endpoint
-        return self
 
     def create_bucket(self, bucket: str) -> None:
         client = s3_client(self.endpoint)
@@ -234,7 +246,8 @@ class EmbeddedObjectStore:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self.process:
+        recorded = self._read_pid_file()
+        if self.process and recorded and recorded[0] == self.process.pid:  # not another's file
             self.pid_file.unlink(missing_ok=True)
         self.process = None
 

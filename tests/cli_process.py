@@ -44,7 +44,16 @@ def run(work_dir: Path, *args: str, timeout: float = 600, **extra: str):
 
 
 class Background:
-    """A CLI command left running (`store`), whose output lines can be waited for."""
+    """A CLI command left running (`store`), whose output lines can be waited for. Use it as a
+    context manager: a test that fails half-way must not leave the command and its store."""
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.kill()  # its SeaweedFS follows (parent-death signal)
+            self.process.wait(timeout=30)
 
     def __init__(self, work_dir: Path, *args: str):
         self.process = subprocess.Popen(

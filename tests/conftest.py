@@ -208,3 +208,20 @@ def object_store(tmp_path_factory):
     store = _TestObjectStore(tmp_path_factory.mktemp("seaweedfs") / "data").start()
     yield store
     store.stop()
+
+
+@pytest.fixture
+def cli_in_background(tmp_path):
+    """Starts `python -m pipelines.cli ARGS...` with tmp_path as its work folder; whatever still
+    runs at the end of the test is killed, so a failed test leaves no command or store behind."""
+    from tests.cli_process import Background
+
+    started: list[Background] = []
+
+    def start(*args: str) -> Background:
+        started.append(Background(tmp_path, *args))
+        return started[-1]
+
+    yield start
+    for command in started:
+        command.__exit__(None, None, None)

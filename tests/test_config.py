@@ -90,6 +90,15 @@ def test_cli_exits_non_zero_with_the_field_named_before_importing_tensorflow(tmp
     ]
     assert result.stdout == ""
     assert not (tmp_path / "logs").exists()  # nothing ran, so no log to point to
+    # And independently of how TensorFlow is built: it, TFX and Beam were never imported.
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; from pipelines.cli import main; "
+         "code = main(['run', '--set', 'train_steps=-5']); "
+         "print(code, sorted({'tensorflow', 'tfx', 'apache_beam'} & set(sys.modules)))"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PIPELINE_WORK_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert probe.stdout.strip() == "2 []", probe.stderr
 
 
 @pytest.mark.parametrize(
@@ -106,8 +115,10 @@ def test_cli_exits_non_zero_with_the_field_named_before_importing_tensorflow(tmp
         ({"model_name": ".."}, "model_name must be one folder name"),
         ({"serving_root": ""}, "serving_root must not be empty"),
         ({"max_auc_drop": "-0.1"}, "max_auc_drop must be between 0 and 1"),
-        ({"step_memory": "8Gb"}, "step_memory must be a positive Kubernetes quantity"),
-        ({"trainer_cpu": "0"}, "trainer_cpu must be a positive Kubernetes quantity"),
+        ({"step_memory": "8Gb"}, "step_memory must be memory of at least 1M"),
+        ({"step_memory": "500m"}, "step_memory must be memory of at least 1M"),
+        ({"step_cpu": "8Gi"}, "step_cpu must be CPUs such as 2, 0.5 or 500m"),
+        ({"trainer_cpu": "0"}, "trainer_cpu must be CPUs"),
         ({"kfp_pipeline_root": "/tmp/root"}, "kfp_pipeline_root must be s3://"),
         ({"beam_args": "direct_num_workers=2"}, "beam_args must be Beam options"),
     ],
@@ -127,6 +138,13 @@ def test_every_problem_is_reported_at_once_with_the_variable_it_came_from():
     assert "batch_size must be at least 1, got 0 (from --set batch_size)" in message
 
 
+def test_a_rule_across_fields_names_where_each_value_came_from():
+    with pytest.raises(
+        ConfigError, match=r"cannot exceed train_steps \(2\) \(from --set train_steps\)"
+    ):
+        PipelineConfig.load({"train_steps": "2"}, environ={})
+
+
 def test_unknown_pipeline_variable_is_reported_with_a_suggestion(capsys):
     PipelineConfig.load(environ={"PIPELINE_TRAIN_STEP": "5", "PIPELINE_WORK_DIR": "/tmp/x"})
     assert capsys.readouterr().err.strip() == (
@@ -142,7 +160,8 @@ def test_kubernetes_quantities_as_kubernetes_writes_them():
     )
     assert kubernetes_quantity(config.step_cpu) == 0.5
     assert kubernetes_quantity(config.step_memory) == 8 * 2**30
-    assert kubernetes_quantity("1e3") == 1000
+    assert kubernetes_quantity("1e3") == kubernetes_quantity("1e+3") == 1000
+    assert PipelineConfig.load({"step_cpu": "1e+3"}, environ={}).step_cpu == "1e+3"
     assert kubernetes_quantity(config.trainer_memory) == 16e9
 
 

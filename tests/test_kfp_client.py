@@ -253,7 +253,9 @@ def test_parameter_breaking_a_pipeline_rule_is_refused_before_submitting(
         kfp_client.submit(api.endpoint, package, {"min_auc": "5", "span": "0"})
     with pytest.raises(KubeflowError, match="span must be -1"):
         kfp_client.schedule(api.endpoint, package, "0 2 * * *", {"span": "-4"})
-    assert api.paths() == [f"GET {API}/healthz"] * 2
+    with pytest.raises(KubeflowError, match="beam_args must be Beam options"):
+        kfp_client.submit(api.endpoint, package, {"beam_args": '["direct_num_workers=2"]'})
+    assert api.paths() == [f"GET {API}/healthz"] * 3
 
 
 def test_bad_cron_fails_before_any_request(api: FakeKfpApi, package: str) -> None:

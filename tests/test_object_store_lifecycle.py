@@ -11,11 +11,12 @@ import os
 import signal
 import subprocess
 
+import boto3
 import pytest
 
 from pipelines.object_store import EmbeddedObjectStore, StoreError
 from tests import cli_process
-from tests.cli_process import SENTINEL_KEY_ID, Background, alive, store_pid, wait_gone
+from tests.cli_process import SENTINEL_KEY_ID, alive, store_pid, wait_gone
 
 
 @pytest.fixture
@@ -24,11 +25,25 @@ def own_environment(monkeypatch):
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
 
 
-def test_sigterm_to_store_stops_seaweedfs_and_the_key_is_never_printed(tmp_path):
-    store = Background(tmp_path, "store")
-    store.wait_for("export AWS_ENDPOINT_URL_S3=")
+def test_sigterm_to_store_stops_seaweedfs_and_the_key_is_never_printed(tmp_path, cli_in_background):
+    store = cli_in_background("store")
+    export = store.wait_for("export AWS_ENDPOINT_URL_S3=")
     weed = store_pid(tmp_path)
     assert alive(weed)
+    # The printed line works when pasted into a shell, and the store accepts its made-up key.
+    shell = subprocess.run(
+        ["bash", "-c", f"{export.strip()} && printenv AWS_ENDPOINT_URL_S3 AWS_ACCESS_KEY_ID"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert shell.returncode == 0, shell.stderr
+    endpoint, key_id = shell.stdout.split()
+    assert key_id == "any"
+    any_key = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="any",
+                           aws_secret_access_key="any", region_name="us-east-1")  # fmt: skip
+    any_key.put_object(Bucket="tfx-pipeline", Key="hello.txt", Body=b"hi")
+    assert any_key.get_object(Bucket="tfx-pipeline", Key="hello.txt")["Body"].read() == b"hi"
 
     store.process.send_signal(signal.SIGTERM)
     code, out, err = store.finish()
@@ -37,14 +52,14 @@ def test_sigterm_to_store_stops_seaweedfs_and_the_key_is_never_printed(tmp_path)
     assert "Stopping: received SIGTERM" in err
     assert not alive(weed)
     assert not (tmp_path / "seaweedfs" / EmbeddedObjectStore.PID_FILE).exists()
-    assert "AWS_ACCESS_KEY_ID=<any>" in out
+    assert "AWS_ACCESS_KEY_ID=any " in out
     assert SENTINEL_KEY_ID not in out + err
 
 
 def test_seaweedfs_dies_with_a_killed_cli_and_the_next_start_clears_its_pid_file(
-    tmp_path, own_environment
+    tmp_path, own_environment, cli_in_background
 ):
-    store = Background(tmp_path, "store")
+    store = cli_in_background("store")
     store.wait_for("export AWS_ENDPOINT_URL_S3=")
     weed = store_pid(tmp_path)
 
@@ -70,7 +85,7 @@ def test_a_running_store_is_reused_by_the_next_command_and_left_running(tmp_path
 
         again = cli_process.run(tmp_path, "store", timeout=180)
         assert again.returncode == 0, again.stderr
-        assert f"Nothing to start: an object store already answers at {kept.endpoint}" in (
+        assert f"Nothing to start: the store of this folder answers at {kept.endpoint}" in (
             again.stdout
         )
     finally:
@@ -120,3 +135,10 @@ def test_store_log_handle_is_closed_in_the_parent(tmp_path, own_environment):
         assert str(store.log_path) not in mine
     finally:
         store.stop()
+
+
+def test_store_with_a_configured_endpoint_says_there_is_nothing_to_start(tmp_path):
+    result = cli_process.run(tmp_path, "store", AWS_ENDPOINT_URL_S3="http://127.0.0.1:9")
+    assert result.returncode == 1
+    assert "AWS_ENDPOINT_URL_S3 is set (http://127.0.0.1:9)" in result.stderr
+    assert not (tmp_path / "seaweedfs").exists()

@@ -99,16 +99,15 @@ def test_new_span_is_gated_against_the_served_model_and_each_gate_can_stop_it(se
     AUC-drop gate stops it, then the accuracy gate, then with both relaxed it becomes version 2.
     Only the Evaluator and the Pusher run again between the three runs."""
     config = dataclasses.replace(
-        served.config, train_steps=1, epochs=1, min_auc=0.0, min_accuracy=0.0, max_auc_drop=0.05
-    )
+        served.config, train_steps=1, epochs=1, learning_rate=1e-6,  # an untrained candidate
+        min_auc=0.0, min_accuracy=0.0, max_auc_drop=0.05,
+    )  # fmt: skip
     data.write_span(config.data_root, 1, 4000)
-    served_auc = served.first.metrics["overall"]["auc"]
 
     dropped = run_pipeline(config)
     assert dropped.span == 1 and states(dropped)["Trainer"] == "ran"
     assert dropped.baseline_version == 1
     assert dropped.auc_change is not None and dropped.auc_change < -0.05, dropped.metrics
-    assert dropped.metrics["overall"]["auc"] < served_auc - 0.05
     assert dropped.blessed is False and dropped.pushed_path is None
     assert len(dropped.validation_failures) == 1
     assert dropped.validation_failures[0].startswith("auc change vs baseline")
