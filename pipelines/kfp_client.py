@@ -21,6 +21,7 @@ import yaml
 
 from pipelines.config import RUN_PARAMETERS, ConfigError, check_run_parameters
 from pipelines.errors import ActionableError
+from pipelines.kfp_entrypoint import beam_args_from_text
 
 _PORT_FORWARD = "kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80"
 _CRON_EXAMPLE = '"0 2 * * *" (nightly at 02:00)'
@@ -142,16 +143,10 @@ def _typed_parameters(package_path: str, parameters: dict[str, Any]) -> dict[str
         except (KeyError, ValueError) as error:
             raise KubeflowError(f"parameter {name}={value!r} is not a valid {kind}") from error
     # The rules every step applies to its run parameters, checked before anything is submitted.
-    checked = {k: v for k, v in typed.items() if k in RUN_PARAMETERS}
     try:
-        if "beam_args" in typed:  # a JSON list in the spec (pipelines/kfp_entrypoint.py)
-            beam_args = json.loads(typed["beam_args"])
-            if not isinstance(beam_args, list):
-                raise ConfigError(f"beam_args must be a JSON list, got {typed['beam_args']!r}")
-            checked["beam_args"] = tuple(beam_args)
-        check_run_parameters("--param", checked)
-    except json.JSONDecodeError as error:
-        raise KubeflowError(f"beam_args must be a JSON list ({error})") from None
+        if "beam_args" in typed:  # the entry point's own check (pipelines/kfp_entrypoint.py)
+            beam_args_from_text(typed["beam_args"], "--param")
+        check_run_parameters("--param", {k: v for k, v in typed.items() if k in RUN_PARAMETERS})
     except ConfigError as error:
         raise KubeflowError(str(error)) from None
     return typed

@@ -120,8 +120,12 @@ def take_beam_args(executor_input: dict) -> list[str]:
     text = (
         executor_input.get("inputs", {}).get("parameterValues", {}).pop(BEAM_ARGS_PARAMETER, None)
     )
-    if text is None:
-        return []
+    return [] if text is None else beam_args_from_text(text, "this step")
+
+
+def beam_args_from_text(text: str, where: str) -> list[str]:
+    """The `beam_args` run parameter (a JSON list of options) as a list, checked by the config's
+    rule; ConfigError otherwise. Also used by `submit` before anything is uploaded."""
     try:
         beam_args = json.loads(text)
     except json.JSONDecodeError:
@@ -131,7 +135,7 @@ def take_beam_args(executor_input: dict) -> list[str]:
             f"parameter {BEAM_ARGS_PARAMETER} must be a JSON list of strings such as "
             f'["--direct_num_workers=2"], got {text!r}'
         )
-    check_run_parameters("this step", {BEAM_ARGS_PARAMETER: tuple(beam_args)})
+    check_run_parameters(where, {BEAM_ARGS_PARAMETER: tuple(beam_args)})
     return beam_args
 
 

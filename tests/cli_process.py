@@ -95,9 +95,14 @@ class Background:
         return self.process.returncode, "".join(self.seen), err
 
 
+def recorded_store(work_dir: Path) -> tuple[int, str]:
+    """(pid, endpoint) from the pid file of the work folder's embedded store."""
+    pid, endpoint = (work_dir / "seaweedfs" / EmbeddedObjectStore.PID_FILE).read_text().split()
+    return int(pid), endpoint
+
+
 def store_pid(work_dir: Path) -> int:
-    pid_file = work_dir / "seaweedfs" / EmbeddedObjectStore.PID_FILE
-    return int(pid_file.read_text().split()[0])
+    return recorded_store(work_dir)[0]
 
 
 def alive(pid: int) -> bool:

@@ -18,7 +18,7 @@ import pytest
 
 from pipelines import data, storage
 from pipelines.config import SPEC_PATH
-from pipelines.object_store import s3_client
+from pipelines.object_store import EmbeddedObjectStore, s3_client
 from tests import cli_process
 from tests.cli_process import SENTINEL_KEY_ID, SENTINEL_SECRET, alive, store_pid, wait_gone
 
@@ -100,12 +100,12 @@ def test_a_user_session_store_run_add_span_compile(tmp_path, monkeypatch, cli_in
         assert refused.stderr == (
             "error: add-span: rows_per_span must be at least 1, got -5 (from --rows)\n"
         )
-        kept_endpoint = (tmp_path / "seaweedfs" / "store.pid").read_text().split()[1]
+        _, kept_endpoint = cli_process.recorded_store(tmp_path)
         listing = s3_client(kept_endpoint).list_objects_v2(Bucket=BUCKET, Prefix="data/taxi-trips/")
         written = {item["Key"].split("/")[2] for item in listing["Contents"]}
         assert written == {"span-0", "span-1", "span-2"}  # nothing for --rows -5
     finally:
-        pid_file = tmp_path / "seaweedfs" / "store.pid"
+        pid_file = tmp_path / "seaweedfs" / EmbeddedObjectStore.PID_FILE
         if pid_file.exists() and alive(store_pid(tmp_path)):  # also when the test failed early
             os.kill(store_pid(tmp_path), signal.SIGTERM)
         if kept_pid:
