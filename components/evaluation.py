@@ -2,23 +2,45 @@
 
 The EvalConfig is built here from three numbers, so Kubeflow users can change the bar per run
 (values inside a compiled EvalConfig could not be set from the UI).
+
+TFMA compares the candidate with one baseline, the served model, on the new evaluation data. A
+chain of candidates, each within `max_auc_drop` of the one before, could still walk quality down
+run after run; so each pushed version's record keeps a quality index (the served version's index
+plus the candidate's AUC change against it, measured on the same data), and a candidate whose
+index falls more than `max_auc_drop` below the best version's is not blessed (`slide_check`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import tensorflow_model_analysis as tfma
 from tfx import types
 from tfx.components.evaluator import executor as evaluator_executor
 from tfx.dsl.components.base import base_component, executor_spec
-from tfx.types import component_spec, standard_artifacts
+from tfx.types import artifact_utils, component_spec, standard_artifacts
 from tfx.types.standard_component_specs import EvaluatorSpec
 from tfx.utils import proto_utils
 
 from components import features
-from components.baseline import BASELINE_VERSION_KEY, NO_BASELINE
+from components.baseline import (
+    BASELINE_VERSION_KEY,
+    BEST_QUALITY_KEY,
+    BEST_VERSION_KEY,
+    NO_BASELINE,
+    QUALITY_KEY,
+)
+from pipelines import storage
 from pipelines.config import check_run_parameters
+
+SLIDE_CHECK_KEY = "slide_check"  # blessing's custom property: why the slide check refused
+VERDICT_FILE = "verdict.json"  # in the blessing: metrics by slice, failed thresholds, AUC change
+
+
+def read_verdict(blessing) -> dict:
+    """The Evaluator's verdict.json from a blessing artifact."""
+    return json.loads(storage.read_bytes(storage.join(blessing.uri, VERDICT_FILE)))
 
 
 def eval_config(min_auc: float, min_accuracy: float, max_auc_drop: float) -> tfma.EvalConfig:
@@ -81,6 +103,95 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
         if baselines:
             input_dict["baseline_model"] = baselines
         super().Do(input_dict, output_dict, properties)
+        evaluation = artifact_utils.get_single_instance(output_dict["evaluation"])
+        blessing = artifact_utils.get_single_instance(output_dict["blessing"])
+        metrics, failures = read_metrics(evaluation.uri)
+        change = auc_change(evaluation.uri)
+        quality, refusal = 0.0, None
+        if baselines and change is None:
+            refusal = "TFMA computed no AUC change against the baseline: not comparable"
+        elif baselines:
+            quality, refusal = quality_gate(
+                baselines[0].get_float_custom_property(QUALITY_KEY),
+                baselines[0].get_float_custom_property(BEST_QUALITY_KEY),
+                change,
+                thresholds["max_auc_drop"],
+                best_version=baselines[0].get_int_custom_property(BEST_VERSION_KEY),
+            )
+        blessing.set_float_custom_property(QUALITY_KEY, quality)
+        if refusal and blessing.get_int_custom_property("blessed") == 1:
+            _unbless(blessing, refusal)
+            failures.append(refusal)
+        # What the Pusher records and the summaries show, without reading TFMA's files again.
+        verdict = {"metrics": metrics, "failures": failures, "auc_change": change,
+                   QUALITY_KEY: quality}  # fmt: skip
+        storage.write_bytes(storage.join(blessing.uri, VERDICT_FILE), json.dumps(verdict).encode())
+
+
+def quality_gate(
+    served_quality: float,
+    best_quality: float,
+    auc_change: float,
+    max_auc_drop: float,
+    best_version: int | None = None,
+) -> tuple[float, str | None]:
+    """(the candidate's quality index, why it may not be pushed or None).
+
+    The index of the served version plus the candidate's AUC change against it; it may not fall
+    more than `max_auc_drop` below the best index along the served version's lineage."""
+    quality = served_quality + auc_change
+    floor = best_quality - max_auc_drop
+    if quality < floor - 1e-9:
+        best = f"version {best_version}'s" if best_version is not None else "the best version's"
+        return quality, (
+            f"quality would slide: AUC {auc_change:+.4f} against the served model puts the "
+            f"quality index at {quality:+.4f}, more than max_auc_drop={max_auc_drop:g} below "
+            f"{best} {best_quality:+.4f} (the best the served model's lineage reached); if the "
+            "data changed for good, run with a larger max_auc_drop once"
+        )
+    return quality, None
+
+
+def _unbless(blessing, reason: str) -> None:
+    """Turns TFMA's blessing into a refusal: the property the Pusher checks, and the marker
+    file that TFX's own consumers read."""
+    storage.delete_files(storage.list_files(storage.join(blessing.uri, "BLESSED")))
+    storage.write_bytes(storage.join(blessing.uri, "NOT_BLESSED"), b"")
+    blessing.set_int_custom_property("blessed", 0)
+    blessing.set_string_custom_property(SLIDE_CHECK_KEY, reason)
+
+
+def read_metrics(uri: str) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """Metrics by slice ("overall", "payment_type=Cash", ...) and the failed thresholds."""
+    result = tfma.load_eval_result(uri)
+    metrics: dict[str, dict[str, float]] = {}
+    for slice_key, values in result.slicing_metrics:
+        name = "overall" if not slice_key else ", ".join(f"{k}={v}" for k, v in slice_key)
+        flat = {}
+        for metric, value in values.get("", {}).get("", {}).items():
+            if "doubleValue" in value:
+                flat[metric] = value["doubleValue"]
+        metrics[name] = flat
+    failures = []
+    validation = tfma.load_validation_result(uri)
+    for per_slice in validation.metric_validations_per_slice:
+        for f in per_slice.failures:
+            value = f.metric_value.double_value.value
+            threshold = " ".join(str(f.metric_threshold).split())
+            against = "change vs baseline" if f.metric_key.is_diff else "value"
+            failures.append(f"{f.metric_key.name} {against} {value:.4f} fails {{{threshold}}}")
+    return metrics, failures
+
+
+def auc_change(uri: str) -> float | None:
+    """The overall AUC difference to the baseline, present only when TFMA evaluated one."""
+    for per_slice in tfma.load_metrics(uri):
+        if per_slice.slice_key.single_slice_keys:
+            continue
+        for item in per_slice.metric_keys_and_values:
+            if item.key.name == "auc" and item.key.is_diff:
+                return item.value.double_value.value
+    return None
 
 
 class ThresholdEvaluatorSpec(types.ComponentSpec):

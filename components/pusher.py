@@ -1,13 +1,21 @@
-"""Pusher that writes numbered versions (1, 2, 3, ...) for TF Serving and never overwrites one.
+"""Pusher that writes numbered versions (1, 2, 3, ...) for TF Serving, serves the new one, and
+keeps the registry (components/registry.py).
 
 Stock Pusher names versions by Unix time, which two pushes in one second share, writes through
 TensorFlow's gfile, which cannot reach SeaweedFS reliably (README.md, "Object storage notes"),
-and takes its destination inside a proto that Kubeflow users could not set per run.
+and takes its destination inside a proto that Kubeflow users could not set per run. Here a
+version number is claimed race-free, the version's record is written, the model config file is
+pointed at it (TF Serving switches at its next poll), old versions are pruned, and the input's
+outcome is recorded whether or not the model was blessed, so the same data is not trained again.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import importlib.metadata
 import logging
+from pathlib import Path
 from typing import Any
 
 from tfx import types
@@ -15,7 +23,10 @@ from tfx.components.pusher import executor as pusher_executor
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 
-from components.baseline import serving_model_dir, serving_parameters
+from components import registry
+from components.baseline import BASELINE_VERSION_KEY, NO_BASELINE, QUALITY_KEY, serving_parameters
+from components.evaluation import read_verdict
+from components.span_selection import SpanSelection, read_selection
 from pipelines import storage
 from pipelines.config import check_run_parameters
 
@@ -46,27 +57,103 @@ class VersionedPusherExecutor(pusher_executor.Executor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         pushed_model = artifact_utils.get_single_instance(output_dict["pushed_model"])
         check_run_parameters("Pusher", serving_parameters(exec_properties))
-        if not self.CheckBlessing(input_dict):
-            self._MarkNotPushed(pushed_model)
-            return
-        model_path = self.GetModelPath(input_dict)
-        versions_dir = serving_model_dir(
+        folder = registry.versions_dir(
             exec_properties["serving_root"], exec_properties["model_name"]
         )
-        # Half-written versions (no saved_model.pb yet) count too: their number is never reused.
-        version = max(storage.numbered_children(versions_dir), default=0) + 1
-        serving_path = push_version(model_path, versions_dir, version)
+        selection = read_selection(artifact_utils.get_single_instance(input_dict["selection"]))
+        blessing = artifact_utils.get_single_instance(input_dict["model_blessing"])
+        verdict = read_verdict(blessing)
+        outcome = {
+            "time": _now(),
+            "input_fingerprint": selection["fingerprint"],
+            "spans": {str(n): s["fingerprint"] for n, s in selection["spans"].items()},
+            "pushed_version": None,
+        }
+        if not self.CheckBlessing(input_dict):
+            outcome["reason"] = "not blessed: " + ("; ".join(verdict["failures"]) or "see the "
+                                                   "Evaluator's output")  # fmt: skip
+            registry.record_trained(folder, selection["fingerprint"], outcome)
+            self._MarkNotPushed(pushed_model)
+            return
+        # Another run may have pushed since this one's baseline was read (watch submits spans
+        # side by side): a model never compared with what serves now must not replace it.
+        baseline = artifact_utils.get_single_instance(input_dict["baseline_model"])
+        compared_with = baseline.get_int_custom_property(BASELINE_VERSION_KEY)
+        served_now = registry.served_version(folder, exec_properties["model_name"])
+        if (None if compared_with == NO_BASELINE else compared_with) != served_now:
+            outcome["reason"] = (
+                f"blessed against version {compared_with}, but version {served_now} serves now "
+                "(pushed by another run meanwhile): not pushed; run again with force=1 to "
+                "compare with it"
+            )
+            _log.info("%s", outcome["reason"])
+            registry.record_trained(folder, selection["fingerprint"], outcome)
+            self._MarkNotPushed(pushed_model)
+            return
+        version = registry.claim_version(folder)
+        serving_path = push_version(self.GetModelPath(input_dict), folder, version)
+        record = self._record(input_dict, selection, verdict, outcome)
+        registry.write_record(folder, version, record)
+        registry.serve(folder, exec_properties["model_name"], version, why="push")
+        outcome["pushed_version"] = version
+        registry.record_trained(folder, selection["fingerprint"], outcome)
+        _log.info("Version %d serves now (model config %s)", version,
+                  storage.join(folder, registry.MODEL_CONFIG_FILE))  # fmt: skip
+        deleted = registry.prune(folder, exec_properties["model_name"],
+                                 exec_properties["keep_versions"])  # fmt: skip
+        if deleted:
+            _log.info("Deleted versions %s (keep_versions=%d)", deleted,
+                      exec_properties["keep_versions"])  # fmt: skip
         self._MarkPushed(pushed_model, pushed_destination=serving_path, pushed_version=str(version))
+
+    def _record(self, input_dict, selection, verdict, outcome) -> dict:
+        """What `tkp models show N` prints: where the version came from and how it scored."""
+        model = artifact_utils.get_single_instance(input_dict["model"])
+        baseline = artifact_utils.get_single_instance(input_dict["baseline_model"])
+        baseline_version = baseline.get_int_custom_property(BASELINE_VERSION_KEY)
+        return {
+            "pushed_at": outcome["time"],
+            "model_uri": model.uri,
+            "data_root": selection.get("data_root"),
+            "span": selection["span"],
+            "spans": outcome["spans"],
+            "input_fingerprint": selection["fingerprint"],
+            "metrics": verdict["metrics"],
+            "baseline_version": None if baseline_version == NO_BASELINE else baseline_version,
+            "auc_change": verdict["auc_change"],
+            QUALITY_KEY: verdict[QUALITY_KEY],
+            "code_version": code_version(),
+        }
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def code_version() -> str:
+    """The package version and a hash of the code and schema that shape a model."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("components/*.py"), *root.glob("schemas/*")]):
+        digest.update(path.name.encode() + path.read_bytes())
+    try:
+        version = importlib.metadata.version("tfx-kubeflow-pipeline")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"{version}+{digest.hexdigest()[:12]}"
 
 
 class VersionedPusherSpec(types.ComponentSpec):
     PARAMETERS = {
         "serving_root": component_spec.ExecutionParameter(type=str),
         "model_name": component_spec.ExecutionParameter(type=str),
+        "keep_versions": component_spec.ExecutionParameter(type=int),
     }
     INPUTS = {
         "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
         "model_blessing": component_spec.ChannelParameter(type=standard_artifacts.ModelBlessing),
+        "baseline_model": component_spec.ChannelParameter(type=standard_artifacts.Model),
+        "selection": component_spec.ChannelParameter(type=SpanSelection),
     }
     OUTPUTS = {"pushed_model": component_spec.ChannelParameter(type=standard_artifacts.PushedModel)}
 
@@ -79,15 +166,21 @@ class VersionedPusher(base_component.BaseComponent):
         self,
         model: types.BaseChannel,
         model_blessing: types.BaseChannel,
+        baseline_model: types.BaseChannel,
+        selection: types.BaseChannel,
         serving_root: str | Any,
         model_name: str | Any,
+        keep_versions: int,
     ):
         super().__init__(
             spec=VersionedPusherSpec(
                 model=model,
                 model_blessing=model_blessing,
+                baseline_model=baseline_model,
+                selection=selection,
                 serving_root=serving_root,
                 model_name=model_name,
+                keep_versions=keep_versions,
                 pushed_model=types.Channel(type=standard_artifacts.PushedModel),
             )
         )

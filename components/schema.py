@@ -6,6 +6,7 @@ the schema ships inside the image with the code, so the step that reads it runs 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -28,7 +29,12 @@ class CuratedSchemaExecutor(base_executor.BaseExecutor):
 
 
 class CuratedSchemaSpec(types.ComponentSpec):
-    PARAMETERS = {"schema_path": component_spec.ExecutionParameter(type=str)}
+    PARAMETERS = {
+        "schema_path": component_spec.ExecutionParameter(type=str),
+        # Only part of the step's cache key: TFX's local cache would otherwise serve the first
+        # run's copy after schemas/schema.pbtxt was edited (a threshold raised, a column added).
+        "schema_sha256": component_spec.ExecutionParameter(type=str),
+    }
     INPUTS = {}
     OUTPUTS = {"schema": component_spec.ChannelParameter(type=standard_artifacts.Schema)}
 
@@ -40,8 +46,11 @@ class CuratedSchema(base_component.BaseComponent):
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(CuratedSchemaExecutor)
 
     def __init__(self, schema_path: str | Path = "schemas/schema.pbtxt"):
+        content = (REPO_ROOT / schema_path).read_bytes()
         super().__init__(
             spec=CuratedSchemaSpec(
-                schema_path=str(schema_path), schema=types.Channel(type=standard_artifacts.Schema)
+                schema_path=str(schema_path),
+                schema_sha256=hashlib.sha256(content).hexdigest(),
+                schema=types.Channel(type=standard_artifacts.Schema),
             )
         )

@@ -1,6 +1,7 @@
 """Command line: `tkp COMMAND` (or `python -m pipelines.cli COMMAND`); `--help` on each.
 
-Local: run, add-span, store. Kubeflow: compile, submit, schedule, pause, resume.
+Local: run, add-span, store, watch. Served versions: models list, models show, rollback.
+Kubeflow: compile, submit, schedule, pause, resume.
 
 The console shows progress, results and errors. Each command writes a log of its own,
 `.work/logs/<command>-<time>-<pid>.log`, with everything the libraries print and, when something
@@ -22,6 +23,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from pipelines import console  # noqa: E402
 from pipelines.config import (  # noqa: E402
+    DEFAULT_DRIFT,
     SPEC_PATH,
     ConfigError,
     PipelineConfig,
@@ -55,6 +57,8 @@ def _span_size(args: argparse.Namespace, config: PipelineConfig) -> tuple[int, f
     drift = config.drift if args.drift is None else args.drift
     check_values("add-span", {"rows_per_span": rows, "drift": drift},
                  sources={"rows_per_span": "--rows", "drift": "--drift"})  # fmt: skip
+    if not 0 <= args.label_noise <= 1:
+        raise ConfigError(f"--label-noise must be between 0 and 1, got {args.label_noise}")
     return rows, drift
 
 
@@ -63,10 +67,33 @@ def cmd_add_span(args: argparse.Namespace, config: PipelineConfig) -> int:
 
     rows, drift = _span_size(args, config)
     with local_runner.object_store(config):
-        span = data.add_next_span(config.data_root, rows, seed=config.seed, drift=drift)
-    console.say(
-        f"Wrote span {span} ({rows} rows, drift {drift}) to {data.span_dir(config.data_root, span)}"
-    )
+        span = data.add_next_span(
+            config.data_root, rows, seed=config.seed, drift=drift,
+            marker=config.success_marker, label_noise=args.label_noise,
+        )  # fmt: skip
+    noise = f", label noise {args.label_noise}" if args.label_noise else ""
+    marker = f", then {config.success_marker}" if config.success_marker else ""
+    console.say(f"Wrote span {span} ({rows} rows, drift {drift}{noise}{marker}) to "
+                f"{data.span_dir(config.data_root, span)}")  # fmt: skip
+    return 0
+
+
+def cmd_models(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import local_runner, models
+
+    with local_runner.object_store(config):
+        if args.action == "show":
+            console.say(models.show_version(config, args.version))
+        else:
+            console.say(models.list_versions(config))
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import local_runner, models
+
+    with local_runner.object_store(config):
+        console.say(models.rollback(config, args.version))
     return 0
 
 
@@ -147,6 +174,16 @@ def cmd_resume(args: argparse.Namespace, config: None) -> int:
     return 0
 
 
+def cmd_watch(args: argparse.Namespace, config: PipelineConfig) -> int:
+    interval = config.watch_interval if args.interval is None else args.interval
+    if args.interval is not None:  # the config's own value was checked when it was loaded
+        check_values("watch", {"watch_interval": interval}, {"watch_interval": "--interval"})
+    from pipelines import watch
+
+    return watch.main(config, interval, args.once, args.endpoint, args.package, args.experiment,
+                      args.log_path)  # fmt: skip
+
+
 class _RefuseSet(argparse.Action):
     """`--set` on a Kubeflow command: the config is compiled into the spec, so refuse it."""
 
@@ -195,7 +232,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     span = add("add-span", cmd_add_span, "Generate the next data span into the data root.")
     span.add_argument("--rows", type=int, help="rows in the new span (default: rows_per_span)")
-    span.add_argument("--drift", type=float, help="drift strength, >= 0 (0: none; 1: strong)")
+    span.add_argument("--drift", type=float, nargs="?", const=DEFAULT_DRIFT, metavar="STRENGTH",
+                      help=f"drift strength, >= 0 (0: none; alone: {DEFAULT_DRIFT}, which the "
+                      "drift checks in schemas/ catch)")  # fmt: skip
+    span.add_argument("--label-noise", type=float, default=0.0, metavar="SHARE",
+                      help="share of rows with a coin-flip label (a broken export)")  # fmt: skip
+    models = add("models", cmd_models, "Show the pushed versions (list) or one version (show N).")
+    models.add_argument("action", choices=("list", "show"))
+    models.add_argument("version", type=int, nargs="?", help="with show: the version")
+    rollback = add("rollback", cmd_rollback,
+                   "Serve the version below the served one, or version N.")  # fmt: skip
+    rollback.add_argument("version", type=int, nargs="?", help="the version to serve")
     add("store", cmd_store, "Start the embedded object store in the foreground.")
     compile_ = add(
         "compile", cmd_compile, "Compile the pipeline into a Kubeflow Pipelines v2 spec."
@@ -231,6 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = add_kfp(name, handler, text, package=False)
         sub.add_argument("--recurring-run-id", required=True)
+    watch = add("watch", cmd_watch, "Start exactly one run per new complete span of the data root.")
+    watch.add_argument("--once", action="store_true", help="poll once and exit (for a CronJob)")
+    watch.add_argument("--interval", type=int, metavar="SECONDS",
+                       help="seconds between polls, 5-3600 (default: watch_interval)")  # fmt: skip
+    watch.add_argument("--endpoint", metavar="URL",
+                       help="submit each run to this KFP API (default: run it here)")  # fmt: skip
+    watch.add_argument("--package", default=str(SPEC_PATH), help="with --endpoint: compiled spec")
+    watch.add_argument("--experiment", default="taxi-tips", help="with --endpoint: KFP experiment")
     return parser
 
 
@@ -273,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.command == "add-span":
             _span_size(args, config)
+        if args.command == "models" and (args.action == "show") != (args.version is not None):
+            raise ConfigError("`models show N` takes a version number; `models list` takes none")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ recurring run and never pass through this config.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import difflib
 import json
@@ -34,6 +35,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_DIR = Path(os.environ.get("PIPELINE_WORK_DIR", REPO_ROOT / ".work"))
 SPEC_PATH = REPO_ROOT / "kubeflow" / "pipeline.yaml"
 ENV_PREFIX = "PIPELINE_"
+# The drift strength `add-span --drift` writes without a value (pipelines/data.py): a shift the
+# validation step's drift check (drift_comparator thresholds in schemas/schema.pbtxt) catches.
+DEFAULT_DRIFT = 1.0
 # PIPELINE_* variables that are not config fields but are read elsewhere.
 OTHER_ENV = {"PIPELINE_WORK_DIR"}
 
@@ -49,12 +53,25 @@ class ConfigError(ActionableError, ValueError):
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     pipeline_name: str = "taxi-tips"
-    # Data: `<data_root>/span-N/*.csv`; span -1 reads the newest span.
+    # Data: `<data_root>/span-N/*.csv` (or .csv.gz); span -1 reads the newest complete span. A
+    # span is complete once it holds `success_marker` (written last by the uploader); "" counts
+    # every span folder as complete. Training reads the newest `window_spans` complete spans up
+    # to `span`; evaluation reads `span` alone.
     data_root: str = "s3://tfx-pipeline/data/taxi-trips"
     span: int = -1
+    window_spans: int = 1
+    success_marker: str = "_SUCCESS"
+    input_encoding: str = "utf-8"
+    # 1: train even when the selected spans already produced a model (blessed or not).
+    force: int = 0
     # Served models: `<serving_root>/<model_name>/<version>/`.
     serving_root: str = "s3://tfx-pipeline/serving"
     model_name: str = "taxi-tips"
+    # Pushed versions kept; older ones are deleted once a newer one serves (never the served one
+    # nor the one `rollback` returns to).
+    keep_versions: int = 5
+    # `watch`: seconds between polls of the data root.
+    watch_interval: int = 60
     # Artifacts and ML Metadata. Local disk for the local runner (see README: object-store root).
     pipeline_root: str = str(WORK_DIR / "pipeline_root")
     metadata_path: str = str(WORK_DIR / "metadata.sqlite")
@@ -153,6 +170,8 @@ FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Pi
 RUN_PARAMETERS: dict[str, type] = {
     "data_root": str,
     "span": int,
+    "window_spans": int,
+    "force": int,
     "train_steps": int,
     "epochs": int,
     "min_auc": float,
@@ -284,6 +303,28 @@ def _span(name: str, value: int) -> str | None:
     return None if value >= -1 else f"{name} must be -1 (newest) or a span number, got {value}"
 
 
+def _marker(name: str, value: str) -> str | None:
+    if value == "" or _PATH_SEGMENT.fullmatch(value) or re.fullmatch(r"_[A-Za-z0-9._-]+", value):
+        return None
+    return f"{name} must be a file name such as _SUCCESS (or empty: no marker), got {value!r}"
+
+
+def _encoding(name: str, value: str) -> str | None:
+    try:
+        codecs.lookup(value)
+    except LookupError:
+        return f"{name} must be a text encoding Python knows (utf-8, latin-1, ...), got {value!r}"
+    return None
+
+
+def _one_of_numbers(*choices: int) -> Callable[[str, Any], str | None]:
+    def rule(name: str, value: int) -> str | None:
+        shown = " or ".join(str(c) for c in choices)
+        return None if value in choices else f"{name} must be {shown}, got {value}"
+
+    return rule
+
+
 def _one_of(*choices: str) -> Callable[[str, Any], str | None]:
     def rule(name: str, value: str) -> str | None:
         return None if value in choices else f"{name} must be {' or '.join(choices)}, got {value!r}"
@@ -342,6 +383,12 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     ),  # fmt: skip
     "data_root": _storage_root,
     "span": _span,
+    "window_spans": _between(1, 52),
+    "success_marker": _marker,
+    "input_encoding": _encoding,
+    "force": _one_of_numbers(0, 1),
+    "keep_versions": _at_least(2),
+    "watch_interval": _between(5, 3600),
     "serving_root": _storage_root,
     "model_name": _matches(
         _PATH_SEGMENT,

@@ -12,8 +12,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from components import features
+from components import features, spans
 from pipelines import storage
+from pipelines.config import DEFAULT_DRIFT  # noqa: F401 (add-span --drift's strength)
 
 PAYMENT_TYPES = np.array(["Credit Card", "Cash", "Mobile", "Prcard", "No Charge", "Unknown"])
 PAYMENT_WEIGHTS = np.array([0.46, 0.38, 0.08, 0.05, 0.02, 0.01])
@@ -22,24 +23,33 @@ EPOCH_2024 = 1_704_067_200  # 2024-01-01T00:00:00Z
 WEEK_S = 7 * 24 * 3600
 
 
-def generate_trips(num_rows: int, span: int, seed: int = 42, drift: float = 0.0) -> pd.DataFrame:
+def generate_trips(
+    num_rows: int, span: int, seed: int = 42, drift: float = 0.0, label_noise: float = 0.0
+) -> pd.DataFrame:
     """`num_rows` trips of the week belonging to `span`.
 
-    `drift` (0 = none) shifts later spans: longer trips and more mobile payments, by
-    `drift * span`, so a model trained on span 0 sees a different population at span 5.
+    `drift` (0 = none) is how far this span's population is from the undrifted one: longer
+    trips (and so higher fares) and more mobile payments instead of cash. The shift depends on
+    the strength alone, never on the span number: a span of strength d differs from an undrifted
+    span of any number by the same amount (DEFAULT_DRIFT is what the drift check must catch).
+    `label_noise` is the share of rows whose label is replaced by a coin flip (a broken export).
     """
     if num_rows < 1:
         raise ValueError(f"num_rows must be at least 1, got {num_rows}")
+    if drift < 0:
+        raise ValueError(f"drift must be >= 0, got {drift}")
     rng = np.random.default_rng([seed, span])
-    shift = drift * span
+    # Per unit of strength: 20 % of all trips move from cash (which keeps at least 5 %) to mobile
+    # payments, and the mean log trip length grows by 0.9 (x2.5 miles, and higher fares).
     weights = PAYMENT_WEIGHTS.copy()
-    weights[2] += min(0.3, 0.05 * shift)  # mobile payments grow
-    weights[1] = max(0.05, weights[1] - min(0.3, 0.05 * shift))
+    moved = min(0.2 * drift, weights[1] - 0.05)
+    weights[2] += moved
+    weights[1] -= moved
     weights /= weights.sum()
 
     timestamp = EPOCH_2024 + span * WEEK_S + rng.integers(0, WEEK_S, num_rows)
     hour = (timestamp // 3600) % 24
-    miles = np.round(rng.lognormal(mean=0.7 + 0.1 * shift, sigma=0.8, size=num_rows), 2)
+    miles = np.round(rng.lognormal(mean=0.7 + 0.9 * drift, sigma=0.8, size=num_rows), 2)
     seconds = np.maximum(
         60, (miles * rng.normal(240, 60, num_rows) + rng.normal(180, 60, num_rows))
     )
@@ -62,6 +72,9 @@ def generate_trips(num_rows: int, span: int, seed: int = 42, drift: float = 0.0)
         + rng.normal(0, 0.7, num_rows)
     )
     label = (rng.random(num_rows) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+    if label_noise:
+        noisy = rng.random(num_rows) < label_noise
+        label[noisy] = rng.integers(0, 2, int(noisy.sum()))
 
     frame = pd.DataFrame(
         {
@@ -86,7 +99,8 @@ def span_dir(data_root: str, span: int) -> str:
 
 
 def existing_spans(data_root: str) -> list[int]:
-    return sorted(storage.numbered_children(data_root, features.SPAN_PREFIX))
+    """Every span folder, complete or not."""
+    return sorted(spans.span_dirs(data_root))
 
 
 def write_span(
@@ -96,8 +110,12 @@ def write_span(
     seed: int = 42,
     drift: float = 0.0,
     rows_per_file: int = 250_000,
+    marker: str = "_SUCCESS",
+    label_noise: float = 0.0,
 ) -> list[str]:
-    """Writes span `span` as CSV files (header in each) and returns their paths.
+    """Writes span `span` as CSV files (header in each), then `marker` (when not ""), and
+    returns the CSV paths. The marker goes last, as an uploader's must: a reader that waits for
+    it never sees a half-written span.
 
     Refuses to overwrite an existing span: spans are immutable once written, which is what lets
     the pipeline fingerprint them.
@@ -107,18 +125,30 @@ def write_span(
     paths = []
     for part in range(math.ceil(num_rows / rows_per_file)):
         rows = min(rows_per_file, num_rows - part * rows_per_file)
-        frame = generate_trips(rows, span, seed=seed * 1000 + part, drift=drift)
+        frame = generate_trips(
+            rows, span, seed=seed * 1000 + part, drift=drift, label_noise=label_noise
+        )
         buffer = io.StringIO()
         frame.to_csv(buffer, index=False, na_rep="")
         path = storage.join(span_dir(data_root, span), f"part-{part:05d}.csv")
         storage.write_bytes(path, buffer.getvalue().encode())
         paths.append(path)
+    if marker:
+        storage.write_bytes(storage.join(span_dir(data_root, span), marker), b"")
     return paths
 
 
-def add_next_span(data_root: str, num_rows: int, seed: int = 42, drift: float = 0.0) -> int:
+def add_next_span(
+    data_root: str,
+    num_rows: int,
+    seed: int = 42,
+    drift: float = 0.0,
+    marker: str = "_SUCCESS",
+    label_noise: float = 0.0,
+) -> int:
     """Writes the span after the newest one (span 0 on an empty root) and returns its number."""
-    spans = existing_spans(data_root)
-    span = spans[-1] + 1 if spans else 0
-    write_span(data_root, span, num_rows, seed=seed, drift=drift)
+    existing = existing_spans(data_root)
+    span = existing[-1] + 1 if existing else 0
+    write_span(data_root, span, num_rows, seed=seed, drift=drift, marker=marker,
+               label_noise=label_noise)  # fmt: skip
     return span

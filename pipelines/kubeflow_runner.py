@@ -31,12 +31,14 @@ ENTRYPOINT = ["python", "-m", "pipelines.kfp_entrypoint"]
 TRAINER = "Trainer"
 # Never served from KFP's cache. KFP 2.5 keys a step on its input artifact IDs and parameters,
 # never on data, and a hit hands on the earlier run's artifacts as they are, even if the object
-# store has deleted them since. ExampleGen reads new spans under an unchanged data_root;
-# LatestPushedModel reads the serving directory; Pusher writes it; CuratedSchema has no inputs,
-# so a hit would tie every later run to the first run's schema artifact. Every other step is a
-# function of its input artifacts and parameters; as its inputs come from the steps above, it
-# is a cache hit only when they are, which never happens, so no run reuses a deleted artifact.
-UNCACHED_STEPS = ("ExampleGen", "CuratedSchema", "LatestPushedModel", "Pusher")
+# store has deleted them since. SelectSpans and ExampleGen read spans under an unchanged
+# data_root; ExampleValidator and LatestPushedModel read the serving directory (the previous
+# span's statistics, the served model), ExampleValidator and Pusher write it; CuratedSchema has
+# no inputs but the trigger condition's. Every other step is a function of its input artifacts
+# and parameters, and reads this run's own decision artifact (the Cond), so it is never a hit.
+UNCACHED_STEPS = (
+    "SelectSpans", "ExampleGen", "CuratedSchema", "ExampleValidator", "LatestPushedModel", "Pusher",
+)  # fmt: skip
 GPU_RESOURCE = "nvidia.com/gpu"  # the backend uses the accelerator type as the resource name
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
 INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"

@@ -17,7 +17,7 @@ from typing import NamedTuple
 from pipelines import console, data, storage
 from pipelines.config import WORK_DIR, PipelineConfig
 from pipelines.object_store import EmbeddedObjectStore
-from pipelines.run_summary import RunSummary, read_summary
+from pipelines.run_summary import RunSummary, last_execution_id, read_summary
 
 
 def s3_buckets(config: PipelineConfig) -> set[str]:
@@ -66,11 +66,11 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
 
 
 def latest_served(config: PipelineConfig) -> str | None:
-    """The highest complete version in the serving directory, if any."""
-    from components.baseline import pushed_versions
+    """The served version's folder (components/registry.py), if any."""
+    from components import registry
 
-    versions = pushed_versions(config.serving_model_dir)
-    return versions[max(versions)] if versions else None
+    version = registry.served_version(config.serving_model_dir, config.model_name)
+    return None if version is None else storage.join(config.serving_model_dir, str(version))
 
 
 def ensure_data(config: PipelineConfig) -> None:
@@ -80,7 +80,8 @@ def ensure_data(config: PipelineConfig) -> None:
     console.say(
         f"No data under {config.data_root}: generating span 0 ({config.rows_per_span} rows) ..."
     )
-    data.write_span(config.data_root, 0, config.rows_per_span, seed=config.seed, drift=config.drift)
+    data.write_span(config.data_root, 0, config.rows_per_span, seed=config.seed, drift=config.drift,
+                    marker=config.success_marker)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -103,7 +104,9 @@ def _progress(total: int) -> Iterator[dict[str, float]]:
         outcome = "FAILED after"
         try:
             result = original_launch(self)
-            outcome = "finished in"
+            # No execution: a condition (no new data) or a skipped upstream step left it out.
+            ran = result is not None and getattr(result, "execution_id", None)
+            outcome = "finished in" if ran else "skipped after"
             return result
         finally:
             now = time.monotonic()
@@ -162,7 +165,7 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
         handler.setLevel(max(handler.level, quiet))
     previous_level = root.level
     root.setLevel(logging.INFO)
-    started = time.time()
+    last_execution = last_execution_id(config)
     try:
         with _progress(total=len(pipeline.components)) as seconds:
             tfx.orchestration.LocalDagRunner().run_with_ir(pipeline_ir)
@@ -173,4 +176,4 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
         for handler, level in console_levels.items():
             handler.setLevel(level)
         root.setLevel(previous_level)
-    return read_summary(config, since=started, seconds=seconds)
+    return read_summary(config, after_execution=last_execution, seconds=seconds)

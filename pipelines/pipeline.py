@@ -13,6 +13,7 @@ from components.evaluation import ThresholdEvaluator  # noqa: E402
 from components.example_gen import SpanCsvExampleGen  # noqa: E402
 from components.pusher import VersionedPusher  # noqa: E402
 from components.schema import CuratedSchema  # noqa: E402
+from components.span_selection import TRAIN_KEY, SelectSpans  # noqa: E402
 from components.trainer import TunableTrainer  # noqa: E402
 from components.validation import StrictExampleValidator  # noqa: E402
 from pipelines.config import RUN_PARAMETERS, PipelineConfig  # noqa: E402
@@ -41,59 +42,81 @@ def run_parameter_values(config: PipelineConfig) -> dict[str, str | int | float]
 def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> tfx.dsl.Pipeline:
     """The full DAG. `metadata_connection_config` is the local runner's; Kubeflow brings its own."""
     param = runtime_parameters(config)
-    example_gen = SpanCsvExampleGen(input_base=param["data_root"], span=param["span"]).with_id(
-        "ExampleGen"
-    )
-    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    schema = CuratedSchema().with_id("CuratedSchema")
-    example_validator = StrictExampleValidator(
-        statistics=statistics_gen.outputs["statistics"], schema=schema.outputs["schema"]
-    ).with_id("ExampleValidator")
-    transform = tfx.components.Transform(
-        examples=example_gen.outputs["examples"],
-        schema=schema.outputs["schema"],
-        preprocessing_fn=PREPROCESSING_FN,
-    )
-    # Transform must not start on data that failed validation.
-    transform.add_upstream_node(example_validator)
-    trainer = TunableTrainer(
-        run_fn=RUN_FN,
-        examples=transform.outputs["transformed_examples"],
-        transform_graph=transform.outputs["transform_graph"],
-        schema=schema.outputs["schema"],
-        train_steps=param["train_steps"],
-        epochs=param["epochs"],
-        eval_steps=config.eval_steps,
-        custom_config={
-            "batch_size": config.batch_size,
-            "learning_rate": config.learning_rate,
-            "hidden_units": list(config.hidden_units),
-            "mixed_precision": config.mixed_precision,
-        },
-    ).with_id("Trainer")
-    baseline = LatestPushedModel(
-        model=trainer.outputs["model"],
+    select_spans = SelectSpans(
+        data_root=param["data_root"],
+        span=param["span"],
+        window_spans=param["window_spans"],
+        success_marker=config.success_marker,
+        force=param["force"],
         serving_root=param["serving_root"],
         model_name=param["model_name"],
-    ).with_id("LatestPushedModel")
-    evaluator = ThresholdEvaluator(
-        examples=example_gen.outputs["examples"],
-        model=trainer.outputs["model"],
-        baseline_model=baseline.outputs["baseline_model"],
-        min_auc=param["min_auc"],
-        min_accuracy=param["min_accuracy"],
-        max_auc_drop=param["max_auc_drop"],
-    ).with_id("Evaluator")
-    pusher = VersionedPusher(
-        model=trainer.outputs["model"],
-        model_blessing=evaluator.outputs["blessing"],
-        serving_root=param["serving_root"],
-        model_name=param["model_name"],
-    ).with_id("Pusher")
+    ).with_id("SelectSpans")
+    is_new_data = select_spans.outputs["decision"].future()[0].custom_property(TRAIN_KEY) == 1
+    # Every later step runs only when the selected spans are new to the model (or force=1). On
+    # Kubeflow this becomes each task's triggerPolicy.condition, evaluated by the 2.5 driver.
+    with tfx.dsl.Cond(is_new_data):
+        example_gen = SpanCsvExampleGen(
+            selection=select_spans.outputs["selection"],
+            input_base=param["data_root"],
+            input_encoding=config.input_encoding,
+        ).with_id("ExampleGen")
+        statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+        schema = CuratedSchema().with_id("CuratedSchema")
+        example_validator = StrictExampleValidator(
+            statistics=statistics_gen.outputs["statistics"],
+            schema=schema.outputs["schema"],
+            serving_root=param["serving_root"],
+            model_name=param["model_name"],
+        ).with_id("ExampleValidator")
+        transform = tfx.components.Transform(
+            examples=example_gen.outputs["examples"],
+            schema=schema.outputs["schema"],
+            preprocessing_fn=PREPROCESSING_FN,
+        )
+        # Transform must not start on data that failed validation.
+        transform.add_upstream_node(example_validator)
+        trainer = TunableTrainer(
+            run_fn=RUN_FN,
+            examples=transform.outputs["transformed_examples"],
+            transform_graph=transform.outputs["transform_graph"],
+            schema=schema.outputs["schema"],
+            train_steps=param["train_steps"],
+            epochs=param["epochs"],
+            eval_steps=config.eval_steps,
+            custom_config={
+                "batch_size": config.batch_size,
+                "learning_rate": config.learning_rate,
+                "hidden_units": list(config.hidden_units),
+                "mixed_precision": config.mixed_precision,
+            },
+        ).with_id("Trainer")
+        baseline = LatestPushedModel(
+            model=trainer.outputs["model"],
+            serving_root=param["serving_root"],
+            model_name=param["model_name"],
+        ).with_id("LatestPushedModel")
+        evaluator = ThresholdEvaluator(
+            examples=example_gen.outputs["examples"],
+            model=trainer.outputs["model"],
+            baseline_model=baseline.outputs["baseline_model"],
+            min_auc=param["min_auc"],
+            min_accuracy=param["min_accuracy"],
+            max_auc_drop=param["max_auc_drop"],
+        ).with_id("Evaluator")
+        pusher = VersionedPusher(
+            model=trainer.outputs["model"],
+            model_blessing=evaluator.outputs["blessing"],
+            baseline_model=baseline.outputs["baseline_model"],
+            selection=select_spans.outputs["selection"],
+            serving_root=param["serving_root"],
+            model_name=param["model_name"],
+            keep_versions=config.keep_versions,
+        ).with_id("Pusher")
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline_name,
         pipeline_root=config.pipeline_root,
         components=[
+            select_spans,
             example_gen,
             statistics_gen,
             schema,

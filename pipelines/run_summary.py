@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
@@ -18,6 +20,7 @@ _STATES = {
     metadata_store_pb2.Execution.CANCELED: "canceled",
 }
 STEP_ORDER = [
+    "SelectSpans",
     "ExampleGen", "StatisticsGen", "CuratedSchema", "ExampleValidator", "Transform", "Trainer",
     "LatestPushedModel", "Evaluator", "Pusher",
 ]  # fmt: skip
@@ -41,6 +44,9 @@ class RunSummary:
     # Candidate AUC minus the baseline's, as the Evaluator computed it; None without a baseline.
     auc_change: float | None = None
     pushed_path: str | None = None
+    spans: list[int] = dataclasses.field(default_factory=list)
+    trained: bool | None = None  # False: no new data, nothing after SelectSpans ran
+    decision: str = ""
 
 
 def _store(config: PipelineConfig) -> metadata_store.MetadataStore:
@@ -58,10 +64,17 @@ def _latest_output(store, execution_id: int) -> dict[str, metadata_store_pb2.Art
     return {key: artifacts[artifact_id] for key, artifact_id in outputs.items()}
 
 
+def last_execution_id(config: PipelineConfig) -> int:
+    """The newest execution's id in the run's ML Metadata (0 before the first run)."""
+    if not Path(config.metadata_path).exists():
+        return 0
+    return max((e.id for e in _store(config).get_executions()), default=0)
+
+
 def read_summary(
-    config: PipelineConfig, since: float, seconds: dict[str, float] | None = None
+    config: PipelineConfig, after_execution: int, seconds: dict[str, float] | None = None
 ) -> RunSummary:
-    """A RunSummary of the executions of this pipeline started at or after `since` (Unix s).
+    """A RunSummary of the executions of this pipeline newer than `after_execution`.
 
     `seconds` are the wall times the runner measured per step (MLMD's timestamps leave out the
     driver and publishing).
@@ -73,8 +86,9 @@ def read_summary(
         context = store.get_context_by_type_and_name("node", f"{config.pipeline_name}.{node}")
         if context is None:
             continue
-        executions = [e for e in store.get_executions_by_context(context.id)
-                      if e.create_time_since_epoch >= since * 1000 - 1000]  # fmt: skip
+        executions = [
+            e for e in store.get_executions_by_context(context.id) if e.id > after_execution
+        ]
         if not executions:
             summary.steps.append(StepResult(node, "not run", 0.0))
             continue
@@ -83,8 +97,15 @@ def read_summary(
         summary.steps.append(StepResult(node, _STATES.get(execution.last_known_state, "?"), took))
         outputs[node] = _latest_output(store, execution.id)
 
-    if "examples" in outputs.get("ExampleGen", {}):
-        summary.span = outputs["ExampleGen"]["examples"].properties["span"].int_value
+    selection = outputs.get("SelectSpans", {})
+    if "selection" in selection:
+        props = selection["selection"].custom_properties
+        summary.span = props["span"].int_value
+        summary.spans = json.loads(props["spans"].string_value)
+    if "decision" in selection:
+        props = selection["decision"].custom_properties
+        summary.trained = props["train"].int_value == 1
+        summary.decision = props["reason"].string_value
     if "baseline_model" in outputs.get("LatestPushedModel", {}):
         props = outputs["LatestPushedModel"]["baseline_model"].custom_properties
         version = props["baseline_version"].int_value if "baseline_version" in props else -1
@@ -94,49 +115,17 @@ def read_summary(
         summary.blessed = evaluator["blessing"].custom_properties["blessed"].int_value == 1
     if "evaluation" in evaluator:
         uri = evaluator["evaluation"].uri
-        summary.metrics, summary.validation_failures = _evaluation(uri)
-        summary.auc_change = _auc_change(uri)
+        from components.evaluation import auc_change, read_metrics
+
+        summary.metrics, summary.validation_failures = read_metrics(uri)
+        summary.auc_change = auc_change(uri)
+        refusal = evaluator["blessing"].custom_properties.get("slide_check")
+        if refusal is not None and refusal.string_value:  # the Evaluator's own check
+            summary.validation_failures.append(refusal.string_value)
     pushed = outputs.get("Pusher", {}).get("pushed_model")
     if pushed is not None and pushed.custom_properties["pushed"].int_value == 1:
         summary.pushed_path = pushed.custom_properties["pushed_destination"].string_value
     return summary
-
-
-def _evaluation(uri: str) -> tuple[dict[str, dict[str, float]], list[str]]:
-    """Metrics by slice ("overall", "payment_type=Cash", ...) and the failed thresholds."""
-    import tensorflow_model_analysis as tfma
-
-    result = tfma.load_eval_result(uri)
-    metrics: dict[str, dict[str, float]] = {}
-    for slice_key, values in result.slicing_metrics:
-        name = "overall" if not slice_key else ", ".join(f"{k}={v}" for k, v in slice_key)
-        flat = {}
-        for metric, value in values.get("", {}).get("", {}).items():
-            if "doubleValue" in value:
-                flat[metric] = value["doubleValue"]
-        metrics[name] = flat
-    failures = []
-    validation = tfma.load_validation_result(uri)
-    for per_slice in validation.metric_validations_per_slice:
-        for f in per_slice.failures:
-            value = f.metric_value.double_value.value
-            threshold = " ".join(str(f.metric_threshold).split())
-            against = "change vs baseline" if f.metric_key.is_diff else "value"
-            failures.append(f"{f.metric_key.name} {against} {value:.4f} fails {{{threshold}}}")
-    return metrics, failures
-
-
-def _auc_change(uri: str) -> float | None:
-    """The overall AUC difference to the baseline, present only when TFMA evaluated one."""
-    import tensorflow_model_analysis as tfma
-
-    for per_slice in tfma.load_metrics(uri):
-        if per_slice.slice_key.single_slice_keys:
-            continue
-        for item in per_slice.metric_keys_and_values:
-            if item.key.name == "auc" and item.key.is_diff:
-                return item.value.double_value.value
-    return None
 
 
 def format_summary(summary: RunSummary) -> str:
@@ -144,7 +133,11 @@ def format_summary(summary: RunSummary) -> str:
     for step in summary.steps:
         lines.append(f"  {step.name:<18} {step.state:<8} {step.seconds:7.1f} s")
     if summary.span is not None:
-        lines.append(f"Data span: {summary.span}")
+        window = f" (training window: spans {summary.spans})" if len(summary.spans) > 1 else ""
+        lines.append(f"Data span: {summary.span}{window}")
+    if summary.trained is False:
+        lines.append(summary.decision)
+        return "\n".join(lines)
     overall = summary.metrics.get("overall", {})
     if overall:
         shown = ", ".join(
@@ -160,9 +153,14 @@ def format_summary(summary: RunSummary) -> str:
     baseline = (
         f"version {summary.baseline_version}" if summary.baseline_version else "none (first model)"
     )
-    if summary.auc_change is not None:
-        baseline += f" (AUC change {summary.auc_change:+.4f})"
-    lines.append(f"Compared with last blessed model: {baseline}")
+    if summary.auc_change is not None and "auc" in overall:
+        # TFMA reports the difference on the same eval data; the served model's AUC follows.
+        served_auc = overall["auc"] - summary.auc_change
+        baseline += (
+            f": AUC {served_auc:.4f} on this eval data, candidate {overall['auc']:.4f} "
+            f"(change {summary.auc_change:+.4f})"
+        )
+    lines.append(f"Compared with the served model: {baseline}")
     if summary.blessed is not None:
         lines.append(f"Blessed: {'yes' if summary.blessed else 'NO'}")
     lines.extend(f"  failed threshold: {failure}" for failure in summary.validation_failures)

@@ -8,6 +8,8 @@ here (see README.md, section 'Object storage notes': its reads are broken agains
 
 from __future__ import annotations
 
+import hashlib
+import os
 import posixpath
 import re
 import shutil
@@ -87,6 +89,35 @@ def list_files(pattern: str) -> list[str]:
     return [info.path for info in list_file_infos(pattern)]
 
 
+def content_tags(folder: str) -> dict[str, str]:
+    """A tag per file under `folder` that changes when its content does: the object's ETag on S3
+    (an MD5 of the content, or of its parts for a multipart upload), a SHA-256 of the content
+    elsewhere. Unlike sizes and times, tags stay the same when identical data is uploaded again."""
+    folder = folder.rstrip("/") + "/"
+    if not folder.startswith("s3://"):
+        tags = {}
+        for path in list_files(folder + "**"):
+            digest = hashlib.sha256()
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                for block in iter(lambda: f.read(_MiB), b""):
+                    digest.update(block)
+            tags[path] = digest.hexdigest()
+        return tags
+    from pipelines.object_store import s3_client
+
+    bucket, prefix = split_s3(folder)
+    tags = {}
+    try:
+        for page in (
+            s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        ):
+            for item in page.get("Contents", []):
+                tags[f"s3://{bucket}/{item['Key']}"] = item["ETag"].strip('"')
+    except Exception as e:
+        raise StorageError(f"cannot list {folder}: {e}") from e
+    return tags
+
+
 def check_reachable(path: str) -> None:
     """Fails within seconds, naming endpoint and bucket, when an `s3://` path's store does not
     answer: Beam's own client retries with backoff for minutes before it gives up."""
@@ -125,7 +156,9 @@ def read_bytes(path: str) -> bytes:
 
 def write_bytes(path: str, data: bytes) -> None:
     """Writes one object. S3 objects go up in a single PUT: Beam's multipart upload cannot
-    write an empty object to SeaweedFS, and a single PUT never leaves a partial object behind."""
+    write an empty object to SeaweedFS, and a single PUT never leaves a partial object behind.
+    A local file is written beside its place and renamed over it, for the same reason (a reader
+    such as TF Serving polling a config file never sees it half-written)."""
     if path.startswith("s3://"):
         from pipelines.object_store import s3_client
 
@@ -135,8 +168,34 @@ def write_bytes(path: str, data: bytes) -> None:
         except Exception as e:
             raise StorageError(f"cannot write {path}: {e}") from e
         return
+    if "://" not in path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "wb") as f:
+            f.write(data)
+        os.replace(partial, path)
+        return
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(data)
+
+
+def delete_files(paths: list[str]) -> None:
+    """Deletes the given files (objects); a missing one is not an error."""
+    if not paths:
+        return
+    try:
+        FileSystems.delete(paths)
+    except Exception as e:  # Beam raises BeamIOError listing each path it could not delete
+        if "Not found" in str(e) or "NoSuchKey" in str(e) or "404" in str(e):
+            return
+        raise StorageError(f"cannot delete {paths[0]} (and {len(paths) - 1} more): {e}") from e
+
+
+def delete_tree(folder: str) -> int:
+    """Deletes every file under `folder`; returns how many."""
+    files = list_files(folder.rstrip("/") + "/**")
+    delete_files(files)
+    return len(files)
 
 
 def _open_source(path: str, client):

@@ -14,7 +14,13 @@ Each rule names the file of kubeflow/pipelines at tag 2.5.0 (backend/src/...) th
   reuseCachedOutputs; v2/cacheutils/cache.go);
 - the pod and the launcher (kfp_launcher.py): a fresh root per task, the pod's environment
   only, the memory limit, downloads, the log file, the ExecutorOutput merge, uploads;
-- ML Metadata and the cache table, shared by all runs of one `Backend` (kfp_store.py).
+- ML Metadata and the cache table, shared by all runs of one `Backend` (kfp_store.py);
+- a task's `triggerPolicy.condition`: CEL over the task's resolved inputs, evaluated by the
+  driver before the cache and the pod (v2/driver/driver.go Container, v2/expression/
+  expression.go Condition); false records a CANCELED execution and the task is skipped
+  (v2/metadata/client.go CreateExecution with NotTriggered; argocompiler/dag.go `when`), and
+  every task that depends on it is omitted, because Argo's enhanced depends wait for
+  `<task>.Succeeded` (argocompiler/dag.go depends). The run still succeeds.
 Artifacts live on a real S3 store (SeaweedFS); the containers' Python is this project's .venv.
 """
 
@@ -45,6 +51,17 @@ __all__ = ["Backend", "TaskFailed", "UnsupportedByKubeflow", "check_supported", 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Platform-spec fields with an effect the harness plays (secretAsEnv) or that only place the pod.
 _PLATFORM_FIELDS = {"secretAsEnv", "nodeSelector", "tolerations"}
+# Trigger conditions over what evaluate_condition builds: every `inputs.` reference goes to a
+# parameter value or to an artifact's metadata; no `outputs`, no functions such as parseJson.
+_PLAYED_REFERENCE = re.compile(
+    r"inputs\.parameter_values\['[^']*'\]"
+    r"|inputs\.artifacts\['[^']*'\]\.artifacts\[\d+\]\.metadata\['[^']*'\]"
+)
+
+
+def _condition_played(condition: str) -> bool:
+    rest = re.sub(r"'[^']*'|\"[^\"]*\"", " ", _PLAYED_REFERENCE.sub(" ", condition))
+    return not set(re.findall(r"[A-Za-z_]\w*", rest)) - {"true", "false", "null"}
 
 
 class UnsupportedByKubeflow(AssertionError):
@@ -88,7 +105,17 @@ def check_supported(spec: dict, parameter_values: dict, platform: dict | None = 
         # resolveUpstreamArtifacts looks each producerTask up there.
         if task["taskInfo"]["name"] != task_name:
             raise UnsupportedByKubeflow(f"task {task_name!r}: taskInfo.name differs from its key")
-        for unplayed in ("triggerPolicy", "retryPolicy", "parameterIterator", "artifactIterator"):
+        policy = task.get("triggerPolicy", {})
+        if set(policy) - {"condition"}:  # a strategy changes the dependencies (argocompiler/dag.go)
+            raise UnsupportedByKubeflow(
+                f"{task_name}: triggerPolicy {sorted(policy)} beyond a condition"
+            )
+        if not _condition_played(policy.get("condition", "")):
+            raise UnsupportedByKubeflow(
+                f"{task_name}: a condition reading more than parameter values and artifact "
+                f"metadata is not played: {policy['condition']}"
+            )
+        for unplayed in ("retryPolicy", "parameterIterator", "artifactIterator"):
             if unplayed in task:
                 raise UnsupportedByKubeflow(f"{task_name}: {unplayed} is not played yet; teach it")
         for name, source in task.get("inputs", {}).get("parameters", {}).items():
@@ -111,7 +138,7 @@ def check_supported(spec: dict, parameter_values: dict, platform: dict | None = 
 
 @dataclass
 class TaskResult:
-    state: str  # "executed" or "cached"
+    state: str  # "executed", "cached", "skipped" (condition false) or "omitted" (upstream)
     outputs: dict[str, dict]  # output key -> runtime artifact as a consumer receives it
     log_path: Path | None = None
 
@@ -159,6 +186,10 @@ class Backend:
         root_values = self._root_values(spec, parameter_values)
         tasks = spec["root"]["dag"]["tasks"]
         for task_name in _topological(tasks):
+            upstream = [run.tasks[t].state for t in tasks[task_name].get("dependentTasks", [])]
+            if any(state in ("skipped", "omitted") for state in upstream):
+                run.tasks[task_name] = TaskResult("omitted", {})  # dag.go depends: .Succeeded
+                continue
             try:
                 run.tasks[task_name] = self._task(spec, platform, run, task_name, root_values)
             except TaskFailed as failure:
@@ -201,6 +232,10 @@ class Backend:
             },
             "outputs": self._provision_outputs(spec, run, task_name, component),
         }
+        condition = task.get("triggerPolicy", {}).get("condition", "")
+        if condition and not evaluate_condition(executor_input, condition):
+            self.metadata.new_execution(task_name, run.run_id, "CANCELED", {})
+            return TaskResult("skipped", {})
         command_and_args = container.get("command", []) + container.get("args", [])
         caching = task.get("cachingOptions", {}).get("enableCache", False)
         fingerprint = (
@@ -294,6 +329,49 @@ class Backend:
                     )
                 environment[mapping["envVar"]] = values[mapping["secretKey"]]
         return environment
+
+
+def evaluate_condition(executor_input: dict, condition: str) -> bool:
+    """v2/expression/expression.go Condition: the CEL expression over the ExecutorInput proto
+    (msgToCELMap: fields by their proto names, `inputs.parameter_values`, `inputs.artifacts`),
+    where protobuf Values and Structs are dynamic, so every number is a double. A compile or
+    evaluation error (a missing key) or a result that is not a bool fails the task.
+
+    Played for what _condition_played admits: parameter values and artifact metadata, not the
+    artifacts' other fields, the outputs or the `parseJson` function. Stricter than cel-go in one
+    way: comparing a double with an int literal (`== 1`) or a string fails here, where cel-go
+    v0.18 (KFP 2.5's go.mod) may compare across types; write doubles, as TFX compiles them."""
+    import celpy
+
+    inputs = executor_input["inputs"]
+    view = {
+        "inputs": {
+            "parameter_values": _as_doubles(inputs.get("parameterValues", {})),
+            "artifacts": {
+                name: {"artifacts": [_as_doubles(a) for a in artifact_list["artifacts"]]}
+                for name, artifact_list in inputs.get("artifacts", {}).items()
+            },
+        }
+    }
+    environment = celpy.Environment()
+    try:
+        program = environment.program(environment.compile(condition))
+        result = program.evaluate(celpy.json_to_cel(view))
+    except Exception as e:  # celpy raises CELParseError, CELEvalError and others
+        raise TaskFailed(f"evaluation error: {condition}: {e}") from e
+    if isinstance(result, Exception) or not isinstance(result, celpy.celtypes.BoolType):
+        raise TaskFailed(f"evaluation error: return type is not bool, got {result!r}")
+    return bool(result)
+
+
+def _as_doubles(value):
+    if isinstance(value, bool) or not isinstance(value, int | float | dict | list):
+        return value
+    if isinstance(value, dict):
+        return {key: _as_doubles(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_doubles(item) for item in value]
+    return float(value)
 
 
 def _platform_executors(platform: dict | None) -> dict:

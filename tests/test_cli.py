@@ -26,9 +26,9 @@ BUCKET = "tfx-pipeline"  # the default config's bucket, created by the CLI's sto
 # Every line `run` may print: progress, the executors' notes, the summary, the predictions.
 RUN_CONSOLE = re.compile(
     r"|Starting embedded object store .*|  listening at .*|Running pipeline .*"
-    r"|\[\d/9\] \w+ (\.\.\.|finished in .*)|      \S.*"
+    r"|\[\d+/10\] \w+ (\.\.\.|finished in .*|skipped after .*)|      \S.*"
     r"|Pipeline run summary|-+|  \w+ +(ran|cached) +[\d.]+ s|Data span: \d+|Evaluation \(.*"
-    r"|  payment_type=.*|Compared with last blessed model: .*|Blessed: (yes|NO)"
+    r"|  payment_type=.*|Compared with the served model: .*|Blessed: (yes|NO)"
     r"|  failed threshold: .*|Pushed: .*|Predictions of .*|  payment_type +fare +miles .*"
     r"|  [A-Za-z ]+ +[\d.]+ +[\d.]+ +[\d.]+ +[01]|Object store left running at .*|Done in \d+ s\."
 )
@@ -56,6 +56,7 @@ def test_a_user_session_store_run_add_span_compile(tmp_path, monkeypatch, cli_in
     frame = data.generate_trips(3000, span=0)
     client.put_object(Bucket=BUCKET, Key="data/taxi-trips/span-0/part-00000.csv",
                       Body=frame.to_csv(index=False, na_rep="").encode())  # fmt: skip
+    client.put_object(Bucket=BUCKET, Key="data/taxi-trips/span-0/_SUCCESS", Body=b"")
     client.put_object(Bucket=BUCKET, Key="data/taxi-trips/span-1/UPLOADING", Body=b"")
     store.process.send_signal(signal.SIGTERM)
     code, out, err = store.finish()
@@ -75,7 +76,7 @@ def test_a_user_session_store_run_add_span_compile(tmp_path, monkeypatch, cli_in
         assert run.stderr == ""
         unexpected = [line for line in run.stdout.splitlines() if not RUN_CONSOLE.fullmatch(line)]
         assert unexpected == [], run.stdout  # e.g. Keras' epoch lines, TensorFlow's C++ lines
-        assert "[9/9] Pusher finished in" in run.stdout
+        assert "[10/10] Pusher finished in" in run.stdout
         assert "Data span: 0" in run.stdout
         assert (
             f"Predictions of s3://{BUCKET}/serving/taxi-tips/1 on the first rows of "
@@ -94,7 +95,7 @@ def test_a_user_session_store_run_add_span_compile(tmp_path, monkeypatch, cli_in
         console += [added.stdout, added.stderr]
         assert added.returncode == 0, added.stderr
         assert f"(pid {kept_pid}): reusing it" in added.stdout
-        assert "Wrote span 2 (100 rows, drift 0.0)" in added.stdout
+        assert "Wrote span 2 (100 rows, drift 0.0, then _SUCCESS)" in added.stdout
         refused = cli_process.run(tmp_path, "add-span", "--rows", "-5")
         assert refused.returncode == 2
         assert refused.stderr == (
@@ -181,3 +182,40 @@ def test_help_and_refusals_name_the_program_as_it_was_started():
     assert by_script.stderr.startswith("usage: tkp pause")
     assert "--set changes the compiled spec and has no effect here" in by_script.stderr
     assert by_module.stdout.startswith("usage: python -m pipelines.cli ")
+
+
+def test_models_and_rollback_as_an_operator_uses_them(tmp_path, object_store):
+    """`models list`, `models show N` and `rollback [N]` against a serving directory with two
+    pushed versions; a rollback to a version that does not exist changes nothing."""
+    from components import registry
+
+    serving_root = f"s3://{object_store.new_bucket('cli-models')}/serving"
+    folder = f"{serving_root}/taxi-tips"
+    for version in (1, 2):
+        storage.write_bytes(f"{folder}/{version}/saved_model.pb", b"graph")
+        record = {"spans": {str(version): "f"}, "baseline_version": version - 1 or None}
+        registry.write_record(folder, version, record)
+    registry.serve(folder, "taxi-tips", 2, why="push")
+    endpoint = {"AWS_ENDPOINT_URL_S3": s3_client().meta.endpoint_url}
+
+    def tkp(*args: str):
+        return cli_process.run(tmp_path, *args, "--set", f"serving_root={serving_root}", **endpoint)
+
+    listed = tkp("models", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"^\s+2  SERVED .*\n\s+1  ready ", listed.stdout, re.M), listed.stdout
+    shown = tkp("models", "show", "2")
+    assert (
+        shown.returncode == 0 and "Lineage (each beat the one after it): v2 <- v1" in shown.stdout
+    )
+
+    missing = tkp("rollback", "7")
+    assert missing.returncode == 1
+    assert "error: version 7 does not exist under" in missing.stderr and "[1, 2]" in missing.stderr
+    assert registry.served_version(folder, "taxi-tips") == 2
+
+    rolled = tkp("rollback")
+    assert rolled.returncode == 0, rolled.stderr
+    assert rolled.stdout.strip().endswith("TF Serving loads it at its next config poll.")
+    assert "Version 1 serves now (was 2)" in rolled.stdout
+    assert registry.served_version(folder, "taxi-tips") == 1

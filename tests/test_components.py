@@ -1,38 +1,43 @@
 """The custom components' executors, run as TFX runs them, against a real SeaweedFS server.
 
-ExampleGen (components/example_gen.py): an unknown span, a data root without spans, a span folder
-without CSV files and two CSV files with different headers each stop with an error naming the
-files and the fix; an explicitly requested older span is read through the real executor on
-Beam's DirectRunner, and only that span's rows land in the Examples artifact.
+SelectSpans and ExampleGen (components/span_selection.py, example_gen.py): an unknown span, a
+data root without spans, a span folder without CSV files, a span without its success marker and
+two CSV files with different headers each stop with an error naming the files and the fix; an
+explicitly requested older span and a window of spans are read through the real executor on
+Beam's DirectRunner; a trained input is "no new data" unless forced, by content, not by upload.
 
 Pusher (components/pusher.py): a push takes the number after the highest existing version,
-half-written ones included, and copies every file of the model; pushing onto an existing version
-is refused and leaves it byte-identical; a model that is not blessed is not pushed.
+half-written ones included, copies every file of the model, serves it and records it; pushing
+onto an existing version is refused and leaves it byte-identical; a model that is not blessed is
+not pushed, and its input is recorded as trained.
 
 Baseline (components/baseline.py): a half-written newer version is skipped in favour of the last
-complete one (tests/test_baseline.py covers the empty serving directory and the plain case).
+complete one; after a rollback the served version is the baseline, not the highest number
+(tests/test_baseline.py covers the empty serving directory and the plain case).
 """
 
 from __future__ import annotations
 
-import types
+import json
 
 import pytest
 import tensorflow as tf
 from tfx import version as tfx_version
-from tfx.types import artifact_utils, standard_artifacts
+from tfx.types import Channel, artifact_utils, standard_artifacts
 from tfx.types.standard_artifact_utils import ARTIFACT_TFX_VERSION_CUSTOM_PROPERTY_KEY
 from tfx.utils import path_utils
 
+from components import registry
 from components.baseline import BASELINE_VERSION_KEY, LatestPushedModelExecutor
-from components.example_gen import (
-    LATEST_SPAN,
-    CacheKeyDriver,
-    ExampleGenInputError,
-    Executor,
-    SpanCsvExampleGen,
-)
+from components.example_gen import ExampleGenInputError, Executor, SpanCsvExampleGen
 from components.pusher import VersionedPusherExecutor, push_version
+from components.span_selection import (
+    LATEST_SPAN,
+    SelectSpans,
+    SelectSpansExecutor,
+    SpanSelection,
+    TrainingDecision,
+)
 from pipelines import data, storage
 
 MODEL_NAME = "taxi-tips"
@@ -64,13 +69,43 @@ def _write_files(root: str, files: dict[str, bytes]) -> None:
         storage.write_bytes(storage.join(root, relative), content)
 
 
-def _run_example_gen(input_base: str, span: int, tmp_path) -> standard_artifacts.Examples:
-    """Runs the ExampleGen executor with the exec_properties the component compiles to."""
+def _select_spans(input_base: str, span: int, tmp_path, window: int = 1, force: int = 0,
+                  serving_root: str = "") -> tuple[SpanSelection, TrainingDecision]:  # fmt: skip
+    """Runs SelectSpans' executor with the exec_properties its component compiles to."""
+    selection, decision = SpanSelection(), TrainingDecision()
+    selection.uri, decision.uri = str(tmp_path / "selection"), str(tmp_path / "decision")
+    component = SelectSpans(
+        data_root=input_base, span=span, window_spans=window, success_marker="_SUCCESS",
+        force=force, serving_root=serving_root or str(tmp_path / "serving"), model_name=MODEL_NAME,
+    )  # fmt: skip
+    SelectSpansExecutor().Do(
+        {}, {"selection": [selection], "decision": [decision]}, dict(component.exec_properties)
+    )
+    return selection, decision
+
+
+def _run_example_gen(
+    input_base: str, span: int, tmp_path, window: int = 1
+) -> standard_artifacts.Examples:
+    """Runs SelectSpans, then the ExampleGen executor on its selection, as the pipeline does."""
+    selection, _ = _select_spans(input_base, span, tmp_path, window)
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp_path / "examples")
-    component = SpanCsvExampleGen(input_base=input_base, span=span)
-    Executor().Do({}, {"examples": [examples]}, dict(component.exec_properties))
+    component = SpanCsvExampleGen(selection=Channel(type=SpanSelection), input_base=input_base)
+    Executor().Do(
+        {"selection": [selection]}, {"examples": [examples]}, dict(component.exec_properties)
+    )
     return examples
+
+
+def _split_counts(examples: standard_artifacts.Examples) -> dict[str, int]:
+    counts = {}
+    for split in ("train", "eval"):
+        split_dir = artifact_utils.get_split_uri([examples], split)
+        files = tf.io.gfile.glob(f"{split_dir}/*.gz")
+        assert files, f"no TFRecord files in {split_dir}"
+        counts[split] = sum(1 for _ in tf.data.TFRecordDataset(files, compression_type="GZIP"))
+    return counts
 
 
 def _trained_model(tmp_path, files: dict[str, bytes] = MODEL_FILES) -> standard_artifacts.Model:
@@ -87,20 +122,38 @@ def _trained_model(tmp_path, files: dict[str, bytes] = MODEL_FILES) -> standard_
 
 
 def _blessing(tmp_path, blessed: bool) -> standard_artifacts.ModelBlessing:
+    """A blessing as the Evaluator leaves it, with its verdict.json."""
     blessing = standard_artifacts.ModelBlessing()
     blessing.uri = str(tmp_path / "evaluator" / "blessing")
     blessing.set_int_custom_property("blessed", int(blessed))
+    verdict = {
+        "metrics": {"overall": {"auc": 0.8, "binary_accuracy": 0.75}},
+        "failures": [] if blessed else ["auc value 0.6000 fails {lower_bound 0.75}"],
+        "auc_change": None,
+        "quality_index": 0.0,
+    }
+    storage.write_bytes(f"{blessing.uri}/verdict.json", json.dumps(verdict).encode())
     return blessing
 
 
 def _push(serving_root: str, model, blessing, tmp_path) -> standard_artifacts.PushedModel:
+    """The Pusher's executor on a span selected from a one-span data root, with no baseline."""
+    data_root = f"{serving_root}-data"
+    if not storage.list_files(f"{data_root}/**"):
+        data.write_span(data_root, 0, 20)
+    selection, _ = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+    # Compared with what serves now (else the Pusher refuses: another run pushed meanwhile).
+    served = registry.served_version(f"{serving_root}/{MODEL_NAME}", MODEL_NAME)
+    baseline = standard_artifacts.Model()
+    baseline.set_int_custom_property(BASELINE_VERSION_KEY, -1 if served is None else served)
     pushed = standard_artifacts.PushedModel()
     pushed.uri = str(tmp_path / "pusher" / "pushed_model")
     VersionedPusherExecutor().Do(
-        {"model": [model], "model_blessing": [blessing]},
+        {"model": [model], "model_blessing": [blessing], "baseline_model": [baseline],
+         "selection": [selection]},
         {"pushed_model": [pushed]},
-        {"serving_root": serving_root, "model_name": MODEL_NAME},
-    )
+        {"serving_root": serving_root, "model_name": MODEL_NAME, "keep_versions": 5},
+    )  # fmt: skip
     return pushed
 
 
@@ -149,11 +202,68 @@ def test_example_gen_span_folder_without_csv_names_the_folder(object_store, tmp_
     data_root = f"s3://{object_store.new_bucket('eg-nocsv')}/data"
     data.write_span(data_root, 0, 20)
     storage.write_bytes(storage.join(data_root, "span-1", "notes.txt"), b"export pending\n")
+    storage.write_bytes(storage.join(data_root, "span-1", "_SUCCESS"), b"")
 
     with pytest.raises(ExampleGenInputError) as raised:
         _run_example_gen(data_root, LATEST_SPAN, tmp_path)
 
-    assert str(raised.value).startswith(f"{data_root}/span-1/ holds no .csv files: write")
+    assert str(raised.value).startswith(f"{data_root}/span-1/ holds no .csv or .csv.gz files")
+
+
+def test_a_span_without_its_success_marker_is_never_read(object_store, tmp_path):
+    """An upload in progress: span 1's files are there, its marker is not (yet)."""
+    data_root = f"s3://{object_store.new_bucket('eg-marker')}/data"
+    data.write_span(data_root, 0, 20)
+    data.write_span(data_root, 1, 20, marker="")
+
+    selection, _ = _select_spans(data_root, LATEST_SPAN, tmp_path)
+    assert selection.get_int_custom_property("span") == 0
+    with pytest.raises(ExampleGenInputError, match=r"span 1 under .* is complete: .*'_SUCCESS'"):
+        _select_spans(data_root, 1, tmp_path)
+    only_incomplete = f"s3://{object_store.new_bucket('eg-marker2')}/data"
+    data.write_span(only_incomplete, 0, 20, marker="")
+    with pytest.raises(ExampleGenInputError, match=r"no span under .*without it: \[0\]"):
+        _select_spans(only_incomplete, LATEST_SPAN, tmp_path)
+
+
+def test_a_window_trains_on_older_spans_and_evaluates_on_the_newest_only(object_store, tmp_path):
+    data_root = f"s3://{object_store.new_bucket('eg-window')}/data"
+    for span, rows in ((0, 30), (1, 40), (2, 50)):
+        data.write_span(data_root, span, rows)
+
+    examples = _run_example_gen(data_root, LATEST_SPAN, tmp_path, window=2)
+
+    assert examples.span == 2 and examples.get_string_custom_property("spans") == "[1, 2]"
+    counts = _split_counts(examples)
+    assert counts["train"] + counts["eval"] == 40 + 50  # span 0 is outside the window
+    assert 0 < counts["eval"] < 50 and counts["train"] > 40  # eval: a part of span 2 only
+
+
+def test_select_spans_says_no_new_data_for_a_trained_input_unless_forced(object_store, tmp_path):
+    bucket = object_store.new_bucket("select")
+    data_root, serving_root = f"s3://{bucket}/data", f"s3://{bucket}/serving"
+    data.write_span(data_root, 0, 20)
+    selection, decision = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+    assert decision.get_int_custom_property("train") == 1
+    fingerprint = selection.get_string_custom_property("input_fingerprint")
+    registry.record_trained(f"{serving_root}/{MODEL_NAME}", fingerprint,
+                            {"time": "t", "pushed_version": 3})  # fmt: skip
+
+    _, again = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+    assert again.get_int_custom_property("train") == 0
+    reason = again.get_string_custom_property("reason")
+    assert "no new data since span 0" in reason and "version 3 was pushed" in reason
+    assert "force=1" in reason
+    _, forced = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root, force=1)
+    assert forced.get_int_custom_property("train") == 1
+    # The same bytes uploaded again are the same data; a changed file is new data.
+    frame = storage.read_bytes(f"{data_root}/span-0/part-00000.csv")
+    storage.write_bytes(f"{data_root}/span-0/part-00000.csv", frame)
+    _, same = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+    assert same.get_int_custom_property("train") == 0
+    storage.write_bytes(f"{data_root}/span-0/part-00000.csv", frame.replace(b"Cash", b"CASH", 1))
+    _, changed = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+    assert changed.get_int_custom_property("train") == 1
 
 
 def test_example_gen_files_of_one_span_with_different_headers_name_both_files(
@@ -166,6 +276,7 @@ def test_example_gen_files_of_one_span_with_different_headers_name_both_files(
     storage.write_bytes(first, frame.to_csv(index=False, na_rep="").encode())
     renamed = frame.rename(columns={"fare": "fare_usd"})
     storage.write_bytes(second, renamed.to_csv(index=False, na_rep="").encode())
+    storage.write_bytes(storage.join(data.span_dir(data_root, 0), "_SUCCESS"), b"")
 
     with pytest.raises(ExampleGenInputError) as raised:
         _run_example_gen(data_root, LATEST_SPAN, tmp_path)
@@ -186,13 +297,7 @@ def test_example_gen_reads_an_explicitly_requested_older_span(object_store, tmp_
     assert examples.span == 0
     assert examples.get_string_custom_property("input_base") == data_root
     assert artifact_utils.decode_split_names(examples.split_names) == ["train", "eval"]
-    counts = {}
-    for split in ("train", "eval"):
-        split_dir = artifact_utils.get_split_uri([examples], split)
-        files = tf.io.gfile.glob(f"{split_dir}/*.gz")
-        assert files, f"no TFRecord files in {split_dir}"
-        records = tf.data.TFRecordDataset(files, compression_type="GZIP")
-        counts[split] = sum(1 for _ in records)
+    counts = _split_counts(examples)
     assert counts["train"] > 0 and counts["eval"] > 0
     assert counts["train"] + counts["eval"] == 37
 
@@ -225,6 +330,43 @@ def test_push_takes_the_number_after_the_highest_version_and_copies_every_file(
     for version, files in existing.items():
         assert _files_under(f"{versions_dir}/{version}") == files
     assert set(storage.numbered_children(versions_dir)) == {1, 5, 7, 8}
+    assert registry.served_version(versions_dir, MODEL_NAME) == 8  # models.config pins it
+    record = registry.read_record(versions_dir, 8)
+    assert record["spans"] and record["metrics"]["overall"]["auc"] == 0.8
+    assert record["baseline_version"] == 5 and record["code_version"].startswith("0.1.0+")
+
+
+def test_a_model_compared_with_a_version_that_no_longer_serves_is_not_pushed(
+    object_store, tmp_path
+):
+    """Two runs side by side: both compared with version 1; the first pushes 2; the second
+    must not replace 2 with a model never compared with it."""
+    serving_root = f"s3://{object_store.new_bucket('push-stale')}/serving"
+    versions_dir = f"{serving_root}/{MODEL_NAME}"
+    _write_files(f"{versions_dir}/1", _version_files("v1"))
+    first = _push(serving_root, _trained_model(tmp_path), _blessing(tmp_path, True), tmp_path)
+    assert first.get_string_custom_property("pushed_version") == "2"
+    registry.write_record(versions_dir, 1, {})  # (any record: 2 beat 1)
+
+    data_root = f"{serving_root}-data"
+    selection, _ = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+    stale = standard_artifacts.Model()
+    stale.set_int_custom_property(BASELINE_VERSION_KEY, 1)
+    pushed = standard_artifacts.PushedModel()
+    pushed.uri = str(tmp_path / "pusher-2" / "pushed_model")
+    VersionedPusherExecutor().Do(
+        {"model": [_trained_model(tmp_path)], "model_blessing": [_blessing(tmp_path, True)],
+         "baseline_model": [stale], "selection": [selection]},
+        {"pushed_model": [pushed]},
+        {"serving_root": serving_root, "model_name": MODEL_NAME, "keep_versions": 5},
+    )  # fmt: skip
+
+    assert pushed.get_int_custom_property("pushed") == 0
+    assert sorted(registry.complete_versions(versions_dir)) == [1, 2]
+    assert registry.served_version(versions_dir, MODEL_NAME) == 2
+    outcome = registry.trained_outcome(versions_dir, selection.get_string_custom_property(
+        "input_fingerprint"))  # fmt: skip
+    assert "version 2 serves now" in outcome["reason"] and "force=1" in outcome["reason"]
 
 
 def test_push_onto_an_existing_version_is_refused_and_leaves_it_untouched(object_store, tmp_path):
@@ -248,7 +390,13 @@ def test_a_model_that_is_not_blessed_is_not_pushed(object_store, tmp_path):
 
     assert pushed.get_int_custom_property("pushed") == 0
     assert not pushed.has_custom_property("pushed_destination")
-    assert storage.list_files(f"{serving_root}/**") == []
+    versions_dir = f"{serving_root}/{MODEL_NAME}"
+    assert storage.numbered_children(versions_dir) == {}
+    assert registry.served_version(versions_dir, MODEL_NAME) is None
+    # The input still counts as trained: the next run on the same data ends early.
+    (outcome,) = [registry.trained_outcome(versions_dir, p.rsplit("/", 1)[1][:-5])
+                  for p in storage.list_files(f"{versions_dir}/_trained/*.json")]  # fmt: skip
+    assert outcome["pushed_version"] is None and "auc value 0.6000 fails" in outcome["reason"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,40 +404,43 @@ def test_a_model_that_is_not_blessed_is_not_pushed(object_store, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def test_baseline_skips_a_half_written_newer_version(object_store, tmp_path):
-    serving_root = f"s3://{object_store.new_bucket('baseline')}/serving"
-    versions_dir = f"{serving_root}/{MODEL_NAME}"
-    _write_files(f"{versions_dir}/1", _version_files("v1"))
-    _write_files(f"{versions_dir}/2", {"variables/variables.index": b"index of v2"})
+def _run_baseline(serving_root: str, tmp_path) -> standard_artifacts.Model:
     baseline = standard_artifacts.Model()
     baseline.uri = str(tmp_path / "baseline_model")
-
     LatestPushedModelExecutor().Do(
         {"model": []},
         {"baseline_model": [baseline]},
         {"serving_root": serving_root, "model_name": MODEL_NAME},
     )
+    return baseline
+
+
+def test_baseline_skips_a_half_written_newer_version(object_store, tmp_path):
+    serving_root = f"s3://{object_store.new_bucket('baseline')}/serving"
+    versions_dir = f"{serving_root}/{MODEL_NAME}"
+    _write_files(f"{versions_dir}/1", _version_files("v1"))
+    _write_files(f"{versions_dir}/2", {"variables/variables.index": b"index of v2"})
+    baseline = _run_baseline(serving_root, tmp_path)
 
     assert baseline.get_int_custom_property(BASELINE_VERSION_KEY) == 1
-    assert baseline.get_string_custom_property("source_uri") == f"{versions_dir}/1/"
+    assert baseline.get_string_custom_property("source_uri") == f"{versions_dir}/1"
     assert _files_under(path_utils.serving_model_path(baseline.uri)) == _version_files("v1")
 
 
-def test_cache_key_of_an_unresolvable_span_never_repeats(object_store):
-    """The driver's fingerprint is the step's cache key under TFX's local cache: a failure to
-    list the data must never produce a key that a second run could match."""
-    bucket = object_store.new_bucket("driver")
-    data_root = f"s3://{bucket}/data"
-    driver = CacheKeyDriver.__new__(CacheKeyDriver)  # run() needs no ML Metadata handle
+def test_baseline_is_the_served_version_not_the_highest_number(object_store, tmp_path):
+    serving_root = f"s3://{object_store.new_bucket('baseline-served')}/serving"
+    versions_dir = f"{serving_root}/{MODEL_NAME}"
+    # Version 3 (rolled back from) had the best index; 2 beat 1, which did better than 2.
+    for version, quality in ((1, 0.03), (2, 0.02), (3, 0.05)):
+        _write_files(f"{versions_dir}/{version}", _version_files(f"v{version}"))
+        record = {"quality_index": quality, "baseline_version": version - 1 or None}
+        registry.write_record(versions_dir, version, record)
+    registry.rollback(versions_dir, MODEL_NAME, 2)  # what `tkp rollback 2` writes
+    baseline = _run_baseline(serving_root, tmp_path)
 
-    def key(root: str) -> str:
-        info = types.SimpleNamespace(exec_properties={"input_base": root, "span": -1},
-                                     output_dict={})  # fmt: skip
-        result = driver.run(info)
-        return result.exec_properties["input_fingerprint"].string_value
-
-    first, second = key(data_root), key(data_root)  # no spans yet
-    assert first.startswith("unresolved:") and first != second
-    data.write_span(data_root, 0, 20)
-    assert key(data_root) == key(data_root)  # a resolved span keys on its files
-    assert key(data_root).startswith("span-0:")
+    assert baseline.get_int_custom_property(BASELINE_VERSION_KEY) == 2
+    assert _files_under(path_utils.serving_model_path(baseline.uri)) == _version_files("v2")
+    assert baseline.get_float_custom_property("quality_index") == pytest.approx(0.02)
+    # The best along 2's lineage (2, 1); the rejected 3 sets no bar.
+    assert baseline.get_float_custom_property("best_quality_index") == pytest.approx(0.03)
+    assert baseline.get_int_custom_property("best_version") == 1

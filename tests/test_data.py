@@ -42,6 +42,28 @@ def test_missing_values_and_drift():
     assert mobile > (base["payment_type"] == "Mobile").mean() + 0.1
 
 
+def test_drift_shifts_every_span_number_by_the_same_amount():
+    """A strength means one shift from the undrifted population, whatever the span's number."""
+    shifts = []
+    for span in (0, 1, 9):
+        base = data.generate_trips(4000, span=span)
+        drifted = data.generate_trips(4000, span=span, drift=data.DEFAULT_DRIFT)
+        mobile = (drifted["payment_type"] == "Mobile").mean()
+        shifts.append(
+            (
+                drifted["trip_miles"].mean() / base["trip_miles"].mean(),
+                mobile - (base["payment_type"] == "Mobile").mean(),
+            )
+        )
+    for miles_ratio, mobile_gain in shifts:
+        assert miles_ratio == pytest.approx(shifts[0][0], rel=0.05)
+        assert mobile_gain == pytest.approx(shifts[0][1], abs=0.03)
+        assert miles_ratio > 2 and mobile_gain > 0.15  # what the drift check must catch
+    assert data.generate_trips(500, span=3, drift=0.0).equals(data.generate_trips(500, span=3))
+    with pytest.raises(ValueError, match="drift must be >= 0"):
+        data.generate_trips(10, span=0, drift=-0.5)
+
+
 def test_spans_are_written_in_order_split_into_files_and_never_overwritten(tmp_path):
     root = str(tmp_path / "trips")
     assert data.add_next_span(root, 250, seed=1) == 0

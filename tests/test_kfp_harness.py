@@ -262,11 +262,47 @@ def test_metadata_comes_back_from_ml_metadata_converted(backend):
         backend.run(spec_of({"producer": reports_null}), PLATFORM, {})
 
 
+def test_a_false_trigger_condition_skips_the_task_and_omits_its_dependents(backend):
+    """The condition reads the producer's metadata as ML Metadata returns it (a double); a task
+    skipped by it leaves the tasks after it omitted, and the run succeeds."""
+    decides = {
+        "script": "write('out', 'x'); report({'out': {'artifacts': [{'metadata': "
+        "{'train': int(parameters['message'] == 'train')}}]}})",
+        "outputs": ["out"],
+    }
+    condition = "inputs.artifacts['data'].artifacts[0].metadata['train'] == 1.0"
+    last = {"script": "print('last')", "inputs": {"c": ("consumer", "copy")}}
+    spec = spec_of({"producer": decides, "consumer": CONSUMER, "last": last})
+    spec["root"]["dag"]["tasks"]["consumer"]["triggerPolicy"] = {"condition": condition}
+
+    skipped = backend.run(spec, PLATFORM, {})
+    states = {name: task.state for name, task in skipped.tasks.items()}
+    assert states == {"producer": "executed", "consumer": "skipped", "last": "omitted"}
+    trained = backend.run(spec, PLATFORM, {"message": "train"})
+    assert {task.state for task in trained.tasks.values()} == {"executed"}
+
+    missing_key = condition.replace("'train'", "'trained'")
+    spec["root"]["dag"]["tasks"]["consumer"]["triggerPolicy"] = {"condition": missing_key}
+    with pytest.raises(TaskFailed, match="no such key"):
+        backend.run(spec, PLATFORM, {})
+
+
 @pytest.mark.parametrize(
     ("mutate", "complaint"),
     [
-        (lambda t: t.update(triggerPolicy={"condition": "true"}), "triggerPolicy"),
         (lambda t: t.update(retryPolicy={"maxRetryCount": 2}), "retryPolicy"),
+        (
+            lambda t: t.update(triggerPolicy={"strategy": "ALL_UPSTREAM_TASKS_COMPLETED"}),
+            "beyond a condition",
+        ),
+        (
+            lambda t: t.update(
+                triggerPolicy={
+                    "condition": "parseJson(inputs.parameter_values" "['message'])['k'] == 'v'"
+                }
+            ),  # fmt: skip
+            "more than parameter values and artifact metadata",
+        ),
         (
             lambda t: t["inputs"]["parameters"].update(
                 message={"taskOutputParameter": {"producerTask": "x", "outputParameterKey": "y"}}

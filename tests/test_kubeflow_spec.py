@@ -11,7 +11,9 @@ import pytest
 from google.protobuf import json_format
 from kfp.kubernetes import kubernetes_executor_config_pb2
 
-from components.baseline import pushed_versions, serving_model_dir
+from components import registry
+from components.registry import complete_versions as pushed_versions
+from components.registry import versions_dir as serving_model_dir
 from pipelines import data, kubeflow_runner, serving, storage
 from pipelines.config import REPO_ROOT, PipelineConfig
 from tests import kfp_harness
@@ -142,7 +144,7 @@ def _backend(bucket: str, work_dir) -> kfp_harness.Backend:
     )
 
 
-def test_compiled_spec_runs_twice_on_kfp_2_5_and_pushes_only_a_model_the_gate_blesses(
+def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_blessed_model(
     documents, object_store, tmp_path
 ):
     bucket = object_store.new_bucket("kfp")
@@ -167,49 +169,64 @@ def test_compiled_spec_runs_twice_on_kfp_2_5_and_pushes_only_a_model_the_gate_bl
     assert storage.read_bytes(first.outputs("trainer")["executor-logs"]["uri"])  # the step's log
     versions = pushed_versions(serving_model_dir(serving_root, "taxi-tips"))
     assert list(versions) == [1]
+    assert registry.served_version(serving_model_dir(serving_root, "taxi-tips"), "taxi-tips") == 1
     rows = serving.read_rows(storage.list_files(data_root + "/span-0/*.csv")[0], 200)
     probabilities = np.array(serving.predict(versions[1], rows))
     assert ((probabilities > 0) & (probabilities < 1)).all()
     labels = np.array([int(r["big_tipper"]) for r in rows])
     assert probabilities[labels == 1].mean() > probabilities[labels == 0].mean() + 0.2
 
-    # The first run's artifacts are deleted (a lifecycle rule on the pipeline root), then the
-    # pipeline runs again on the same span, with a bar no model reaches. Nothing may be served
-    # from KFP's cache that points at the deleted files: every step runs, the Evaluator compares
+    # A scheduled run with no new span: select-spans finds the span's fingerprint in the
+    # registry, the driver evaluates every other task's triggerPolicy to false (the first of
+    # them is skipped, the rest omitted) and the run succeeds without training or pushing.
+    second = backend.run(*documents, parameters)
+    states = {name: t.state for name, t in second.tasks.items()}
+    assert states.pop("select-spans") == "executed"
+    # Tasks right after select-spans are skipped by their condition; the rest are omitted.
+    assert states["example-gen"] == states["curated-schema"] == "skipped"
+    assert set(states.values()) == {"skipped", "omitted"} and states["pusher"] == "omitted"
+    decision = second.outputs("select-spans")["decision"]["metadata"]
+    assert decision["train"] == 0 and "no new data since span 0" in decision["reason"]
+    assert list(pushed_versions(serving_model_dir(serving_root, "taxi-tips"))) == [1]
+
+    # The first run's artifacts are deleted (a lifecycle rule on the pipeline root), a new span
+    # lands, and the pipeline runs with a bar no model reaches. Nothing may be served from KFP's
+    # cache that points at the deleted files (every conditioned task reads this run's own
+    # decision artifact, so no cache key can repeat): every step runs, the Evaluator compares
     # with the served version 1, refuses, and nothing is pushed.
     assert backend.expire(first) > 0
-    second = backend.run(*documents, dict(parameters, min_auc=0.99))
-    assert {name: t.state for name, t in second.tasks.items()} == {
+    data.write_span(data_root, 1, 3000)
+    third = backend.run(*documents, dict(parameters, min_auc=0.99))
+    assert {name: t.state for name, t in third.tasks.items()} == {
         name: "executed" for name in first.tasks
     }
-    baseline = second.outputs("latest-pushed-model")["baseline_model"]["metadata"]
+    assert third.outputs("example-gen")["examples"]["metadata"]["span"] == 1
+    baseline = third.outputs("latest-pushed-model")["baseline_model"]["metadata"]
     assert baseline["baseline_version"] == 1
-    assert second.outputs("evaluator")["blessing"]["metadata"]["blessed"] == 0
-    assert second.outputs("pusher")["pushed_model"]["metadata"]["pushed"] == 0
+    assert third.outputs("evaluator")["blessing"]["metadata"]["blessed"] == 0
+    assert third.outputs("pusher")["pushed_model"]["metadata"]["pushed"] == 0
     assert list(pushed_versions(serving_model_dir(serving_root, "taxi-tips"))) == [1]
 
 
-def test_the_old_spec_that_cached_the_schema_step_fails_once_its_artifacts_are_gone(
-    documents, object_store, tmp_path
-):
-    # The compiled spec as it was before: curated-schema cached. A later run reuses the first
-    # run's schema artifact; once that is deleted, its first consumer stops with a named error.
-    # (Cut down to the steps involved: a run of curated-schema alone makes the cache entry.)
-    spec = copy.deepcopy(documents[0])
-    tasks = spec["root"]["dag"]["tasks"]
-    tasks["curated-schema"]["cachingOptions"] = {"enableCache": True}
-    involved = {"example-gen", "statistics-gen", "curated-schema", "example-validator"}
-    for name in set(tasks) - involved:
-        del tasks[name]
-    schema_only = copy.deepcopy(spec)
-    schema_only["root"]["dag"]["tasks"] = {"curated-schema": tasks["curated-schema"]}
-    bucket = object_store.new_bucket("kfp-old")
-    data.write_span(f"s3://{bucket}/data", 0, 500)
-    backend = _backend(bucket, tmp_path)
-    first = backend.run(schema_only, documents[1], {})
-    assert backend.expire(first) > 0
-    with pytest.raises(kfp_harness.TaskFailed, match="input artifact 'schema' has no files"):
-        backend.run(spec, documents[1], {"data_root": f"s3://{bucket}/data"})
+def test_harness_evaluates_trigger_conditions_as_the_2_5_driver_does():
+    """CEL over the task's inputs with numbers as doubles; a missing key or a result that is not
+    a bool fails the task (v2/expression/expression.go)."""
+    executor_input = {
+        "inputs": {
+            "parameterValues": {"force": 1, "model_name": "taxi-tips"},
+            "artifacts": {"d": {"artifacts": [{"name": "7", "metadata": {"train": 1}}]}},
+        }
+    }
+    condition = "(inputs.artifacts['d'].artifacts[0].metadata['train'] == 1.0)"
+    assert kfp_harness.evaluate_condition(executor_input, condition) is True
+    assert kfp_harness.evaluate_condition(executor_input, "inputs.parameter_values['force'] > 0.5")
+    assert not kfp_harness.evaluate_condition(
+        executor_input, "inputs.parameter_values['model_name'] == 'other'"
+    )
+    with pytest.raises(kfp_harness.TaskFailed, match="no such key"):
+        kfp_harness.evaluate_condition(executor_input, condition.replace("train", "missing"))
+    with pytest.raises(kfp_harness.TaskFailed, match="not bool"):
+        kfp_harness.evaluate_condition(executor_input, "inputs.parameter_values['model_name']")
 
 
 def test_a_run_parameter_breaking_a_rule_stops_the_step_that_receives_it(
@@ -219,7 +236,7 @@ def test_a_run_parameter_breaking_a_rule_stops_the_step_that_receives_it(
     refuses the value, naming it, before reading anything. (Cut down to the step involved.)"""
     spec = copy.deepcopy(documents[0])
     tasks = spec["root"]["dag"]["tasks"]
-    spec["root"]["dag"]["tasks"] = {"example-gen": tasks["example-gen"]}
+    spec["root"]["dag"]["tasks"] = {"select-spans": tasks["select-spans"]}
     bucket = object_store.new_bucket("kfp-rule")
     data.write_span(f"s3://{bucket}/data", 0, 100)
     backend = _backend(bucket, tmp_path)

@@ -1,8 +1,8 @@
 """The whole pipeline with LocalDagRunner against a real SeaweedFS server on loopback.
 
-The `served` fixture runs span 0 twice (a pushed model, then a run served from cache) and records
-what it saw; every test that needs a served model asks for it, and the tests that write data use
-folders of their own, so the tests pass in any order and alone.
+The `loop` fixture drives the retraining loop span by span and records what it saw; every test
+that needs a served model asks for it, and the tests that write data use folders of their own,
+so the tests pass in any order and alone.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from components.baseline import pushed_versions
+from components import registry
 from components.example_gen import ExampleGenInputError
+from components.registry import complete_versions as pushed_versions
 from components.validation import DataValidationError
-from pipelines import data, serving, storage
-from pipelines.config import PipelineConfig
+from pipelines import data, models, serving, storage
+from pipelines.config import DEFAULT_DRIFT, PipelineConfig
 from pipelines.errors import actionable_cause
 from pipelines.local_runner import run_pipeline
+from pipelines.run_summary import format_summary
 
 
 def states(summary) -> dict[str, str]:
@@ -45,34 +47,51 @@ def _config(bucket: str, work, data_folder: str = "data", **overrides) -> Pipeli
 
 
 @pytest.fixture(scope="module")
-def served(object_store, tmp_path_factory) -> types.SimpleNamespace:
+def loop(object_store, tmp_path_factory) -> types.SimpleNamespace:
+    """The retraining loop as a user lives it, one span after another: span 0 gives version 1;
+    span 0 again trains nothing; span 1 gives version 2; span 2, drifted, stops at validation;
+    span 3, with broken labels, is not blessed and version 2 keeps serving; a rollback serves
+    version 1 again. Each test below checks one stage of what this saw."""
     bucket = object_store.new_bucket("e2e")
     config = _config(bucket, tmp_path_factory.mktemp("e2e"))
+    seen = types.SimpleNamespace(bucket=bucket, config=config)
+
+    def served() -> int | None:
+        return registry.served_version(config.serving_model_dir, config.model_name)
+
     data.write_span(config.data_root, 0, 4000)
-    first = run_pipeline(config)
-    versions_after_first = set(pushed_versions(config.serving_model_dir))
-    second = run_pipeline(config)
-    return types.SimpleNamespace(
-        bucket=bucket,
-        config=config,
-        first=first,
-        versions_after_first=versions_after_first,
-        second=second,
-        versions_after_second=set(pushed_versions(config.serving_model_dir)),
-    )
+    seen.first = run_pipeline(config)
+    seen.served_after_first = served()
+    seen.again = run_pipeline(config)
+    seen.versions_after_again = set(pushed_versions(config.serving_model_dir))
+    data.write_span(config.data_root, 1, 4000)
+    seen.second = run_pipeline(config)
+    seen.served_after_second = served()
+    data.write_span(config.data_root, 2, 4000, drift=DEFAULT_DRIFT)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(config)
+    seen.drift_error = actionable_cause(raised.value)
+    seen.served_after_drift = served()
+    data.write_span(config.data_root, 3, 4000, label_noise=0.6)
+    seen.noisy = run_pipeline(config)
+    seen.served_after_noisy = served()
+    seen.rollback = models.rollback(config, None)
+    seen.served_after_rollback = served()
+    seen.listing = models.list_versions(config)
+    return seen
 
 
-def test_first_span_ends_with_a_pushed_model_that_answers(served):
-    summary, config = served.first, served.config
+def test_first_span_ends_with_a_pushed_model_that_answers(loop):
+    summary, config = loop.first, loop.config
 
     assert set(states(summary).values()) == {"ran"}, states(summary)
-    assert summary.span == 0
+    assert summary.span == 0 and summary.spans == [0] and summary.trained is True
     assert summary.baseline_version is None and summary.auc_change is None
     assert summary.blessed is True
     assert summary.metrics["overall"]["auc"] > 0.7
     assert any(name.startswith("payment_type=") for name in summary.metrics)
     assert summary.pushed_path == f"{config.serving_model_dir}/1"
-    assert served.versions_after_first == {1}
+    assert loop.served_after_first == 1
 
     # The pushed model answers serialized raw tf.Examples, as a serving client sends them.
     rows = serving.read_rows(
@@ -83,63 +102,109 @@ def test_first_span_ends_with_a_pushed_model_that_answers(served):
     assert probabilities.shape == (400,)
     assert ((probabilities > 0) & (probabilities < 1)).all()
     assert roc_auc_score(labels, probabilities) > 0.7
+    record = registry.read_record(config.serving_model_dir, 1)
+    assert record["span"] == 0 and list(record["spans"]) == ["0"]
+    assert record["metrics"]["overall"]["auc"] == pytest.approx(summary.metrics["overall"]["auc"])
 
 
-def test_second_run_without_new_data_is_served_from_cache(served):
-    summary = served.second
+def test_the_same_span_again_trains_nothing_and_says_so(loop):
+    summary = loop.again
 
-    assert states(summary)["ExampleGen"] == "cached"
-    assert states(summary)["Trainer"] == "cached"
-    assert states(summary)["Pusher"] == "cached"
-    assert served.versions_after_second == {1}
+    assert states(summary)["SelectSpans"] == "ran"
+    assert {state for name, state in states(summary).items() if name != "SelectSpans"} == {
+        "not run"
+    }
+    assert summary.trained is False and summary.pushed_path is None
+    assert summary.decision.startswith("no new data since span 0")
+    assert "version 1 was pushed" in summary.decision
+    assert "no new data since span 0" in format_summary(summary)
+    assert loop.versions_after_again == {1}
 
 
-def test_new_span_is_gated_against_the_served_model_and_each_gate_can_stop_it(served):
-    """A candidate trained for one step on a new span is compared with served version 1: the
-    AUC-drop gate stops it, then the accuracy gate, then with both relaxed it becomes version 2.
-    Only the Evaluator and the Pusher run again between the three runs."""
+def test_a_new_span_is_gated_against_the_served_model_and_served(loop):
+    summary = loop.second
+
+    assert summary.span == 1 and summary.baseline_version == 1
+    assert summary.auc_change is not None and summary.blessed is True
+    assert summary.pushed_path == f"{loop.config.serving_model_dir}/2"
+    assert loop.served_after_second == 2
+    assert registry.read_record(loop.config.serving_model_dir, 2)["baseline_version"] == 1
+
+
+def test_a_drifted_span_stops_at_validation_naming_the_feature(loop):
+    error = loop.drift_error
+
+    assert isinstance(error, DataValidationError), error
+    assert "drift" in str(error) and "span 2" in str(error) and "span 1" in str(error)
+    assert any(f"'{feature}'" in str(error) for feature in ("payment_type", "trip_miles", "fare"))
+    assert loop.served_after_drift == 2
+
+
+def test_a_span_with_broken_labels_is_not_blessed_and_the_served_model_stays(loop):
+    summary = loop.noisy
+
+    assert summary.span == 3 and summary.baseline_version == 2
+    assert summary.blessed is False and summary.pushed_path is None
+    assert summary.validation_failures, "the summary must say which threshold failed"
+    text = format_summary(summary)
+    assert "Blessed: NO" in text and "failed threshold: auc" in text
+    assert loop.served_after_noisy == 2
+
+
+def test_rollback_serves_the_previous_version_and_the_list_shows_it(loop):
+    assert loop.rollback.startswith("Version 1 serves now (was 2)")
+    assert loop.served_after_rollback == 1
+    rows = [line.split()[:2] for line in loop.listing.splitlines()[2:]]
+    assert rows == [["2", "ready"], ["1", "SERVED"]]
+
+
+def test_each_gate_can_stop_a_candidate_and_a_relaxed_gate_lets_it_through(loop, tmp_path):
+    """A candidate trained for one step on spans of its own is compared with the served model:
+    the AUC-drop gate stops it, then (forced to train again) the accuracy gate, then with both
+    relaxed it is pushed and served."""
     config = dataclasses.replace(
-        served.config, train_steps=1, epochs=1, learning_rate=1e-6,  # an untrained candidate
+        _config(loop.bucket, tmp_path, data_folder="gate"),
+        train_steps=1, epochs=1, learning_rate=1e-6,  # an untrained candidate
         min_auc=0.0, min_accuracy=0.0, max_auc_drop=0.05,
     )  # fmt: skip
-    data.write_span(config.data_root, 1, 4000)
+    data.write_span(config.data_root, 0, 4000, seed=7)  # other rows: the same would be old data
+    served = registry.served_version(config.serving_model_dir, config.model_name)
 
     dropped = run_pipeline(config)
-    assert dropped.span == 1 and states(dropped)["Trainer"] == "ran"
-    assert dropped.baseline_version == 1
+    assert dropped.baseline_version == served
     assert dropped.auc_change is not None and dropped.auc_change < -0.05, dropped.metrics
     assert dropped.blessed is False and dropped.pushed_path is None
     assert len(dropped.validation_failures) == 1
     assert dropped.validation_failures[0].startswith("auc change vs baseline")
 
-    inaccurate = run_pipeline(dataclasses.replace(config, max_auc_drop=1.0, min_accuracy=0.999))
-    assert states(inaccurate)["Trainer"] == "cached" and states(inaccurate)["Evaluator"] == "ran"
-    assert inaccurate.blessed is False and inaccurate.pushed_path is None
+    forced = dataclasses.replace(config, force=1)
+    inaccurate = run_pipeline(dataclasses.replace(forced, max_auc_drop=1.0, min_accuracy=0.999))
+    assert inaccurate.trained is True and inaccurate.blessed is False
     assert len(inaccurate.validation_failures) == 1
     assert inaccurate.validation_failures[0].startswith("binary_accuracy value")
-    assert 2 not in pushed_versions(config.serving_model_dir)
+    assert registry.served_version(config.serving_model_dir, config.model_name) == served
 
-    accepted = run_pipeline(dataclasses.replace(config, max_auc_drop=1.0))
-    assert accepted.baseline_version == 1
-    assert accepted.auc_change == pytest.approx(dropped.auc_change)
+    accepted = run_pipeline(dataclasses.replace(forced, max_auc_drop=1.0))
+    assert accepted.baseline_version == served
     assert accepted.blessed is True and accepted.validation_failures == []
-    assert accepted.pushed_path == f"{config.serving_model_dir}/2"
-    assert {1, 2} <= set(pushed_versions(config.serving_model_dir))
+    pushed = int(accepted.pushed_path.rsplit("/", 1)[1])
+    assert registry.served_version(config.serving_model_dir, config.model_name) == pushed
 
 
-def _bad_span_config(served, tmp_path, name: str) -> PipelineConfig:
+def _bad_span_config(loop, tmp_path, name: str) -> PipelineConfig:
     """Data of its own; the serving directory of the served model, which must stay as it is."""
-    return _config(served.bucket, tmp_path, data_folder=f"bad-{name}")
+    return _config(loop.bucket, tmp_path, data_folder=f"bad-{name}")
 
 
 def _write_csv(config: PipelineConfig, span: int, body: bytes) -> str:
     path = storage.join(data.span_dir(config.data_root, span), "part-00000.csv")
     storage.write_bytes(path, body)
+    storage.write_bytes(storage.join(data.span_dir(config.data_root, span), "_SUCCESS"), b"")
     return path
 
 
-def test_span_with_missing_column_stops_at_validation_and_pushes_nothing(served, tmp_path):
-    config = _bad_span_config(served, tmp_path, "missing-column")
+def test_span_with_missing_column_stops_at_validation_and_pushes_nothing(loop, tmp_path):
+    config = _bad_span_config(loop, tmp_path, "missing-column")
     versions_before = pushed_versions(config.serving_model_dir)
     frame = data.generate_trips(2000, span=0).drop(columns=["fare"])
     _write_csv(config, 0, frame.to_csv(index=False, na_rep="").encode())
@@ -153,8 +218,8 @@ def test_span_with_missing_column_stops_at_validation_and_pushes_nothing(served,
     assert pushed_versions(config.serving_model_dir) == versions_before
 
 
-def test_span_with_wrong_type_stops_at_validation(served, tmp_path):
-    config = _bad_span_config(served, tmp_path, "wrong-type")
+def test_span_with_wrong_type_stops_at_validation(loop, tmp_path):
+    config = _bad_span_config(loop, tmp_path, "wrong-type")
     versions_before = pushed_versions(config.serving_model_dir)
     frame = data.generate_trips(2000, span=0)
     frame["trip_seconds"] = frame["trip_seconds"].astype(str)
@@ -170,8 +235,8 @@ def test_span_with_wrong_type_stops_at_validation(served, tmp_path):
     assert pushed_versions(config.serving_model_dir) == versions_before
 
 
-def test_empty_file_is_named_in_the_error_and_nothing_is_pushed(served, tmp_path):
-    config = _bad_span_config(served, tmp_path, "empty-file")
+def test_empty_file_is_named_in_the_error_and_nothing_is_pushed(loop, tmp_path):
+    config = _bad_span_config(loop, tmp_path, "empty-file")
     versions_before = pushed_versions(config.serving_model_dir)
     path = _write_csv(config, 0, b"")
 
@@ -184,8 +249,8 @@ def test_empty_file_is_named_in_the_error_and_nothing_is_pushed(served, tmp_path
     assert versions_before and pushed_versions(config.serving_model_dir) == versions_before
 
 
-def test_unreachable_object_store_is_a_clear_error(served, tmp_path, monkeypatch):
-    config = _bad_span_config(served, tmp_path, "unreachable")
+def test_unreachable_object_store_is_a_clear_error(loop, tmp_path, monkeypatch):
+    config = _bad_span_config(loop, tmp_path, "unreachable")
     versions_before = pushed_versions(config.serving_model_dir)
     endpoint = os.environ["AWS_ENDPOINT_URL_S3"]
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")  # nothing listens on port 9

@@ -12,8 +12,8 @@ from tfx.types import standard_artifacts
 
 from components.baseline import LatestPushedModelExecutor
 from components.evaluation import ThresholdEvaluatorExecutor
-from components.example_gen import Executor as ExampleGenExecutor
 from components.pusher import VersionedPusherExecutor
+from components.span_selection import SelectSpansExecutor
 from components.trainer import TunableTrainerExecutor
 from pipelines.config import ConfigError
 
@@ -62,6 +62,24 @@ def test_trainer_refuses_more_epochs_than_steps():
         TunableTrainerExecutor().Do({}, {}, {"train_steps": 4, "epochs": 8})
 
 
-def test_example_gen_refuses_a_span_below_minus_one():
-    with pytest.raises(ConfigError, match="ExampleGen: invalid run parameter: span must be -1"):
-        ExampleGenExecutor().Do({}, {}, {"input_base": "s3://b/data", "span": -2})
+@pytest.mark.parametrize(
+    ("changed", "message"),
+    [
+        ({"span": -2}, "span must be -1"),
+        ({"window_spans": 0}, "window_spans must be between 1 and 52"),
+        ({"force": 2}, "force must be 0 or 1"),
+        ({"model_name": "../x"}, "model_name must be one folder"),
+    ],
+)
+def test_select_spans_refuses_a_span_window_force_or_model_name_out_of_range(changed, message):
+    properties = {
+        "data_root": "s3://b/data",
+        "span": -1,
+        "window_spans": 1,
+        "force": 0,
+        "serving_root": "s3://b/serving",
+        "model_name": "taxi",
+        "success_marker": "",
+    }
+    with pytest.raises(ConfigError, match=f"SelectSpans: invalid run parameter: {message}"):
+        SelectSpansExecutor().Do({}, {}, {**properties, **changed})

@@ -1,0 +1,92 @@
+"""`tkp models list`, `tkp models show N` and `tkp rollback [N]`: the registry for a person.
+
+The facts live in the serving directory (components/registry.py); this module only reads them,
+lays them out, and asks the registry to change which version serves.
+"""
+
+from __future__ import annotations
+
+import json
+
+from components import registry
+from pipelines import storage
+from pipelines.config import PipelineConfig
+
+
+def _state(version: int, complete: dict[int, str], present: set[int], served: int | None) -> str:
+    if version == served:
+        return "SERVED"
+    if version in complete:
+        return "ready"
+    return "incomplete" if version in present else "deleted"
+
+
+def list_versions(config: PipelineConfig) -> str:
+    """A table of every version with a record or files, newest first, the served one marked."""
+    folder = config.serving_model_dir
+    complete = registry.complete_versions(folder)
+    present = set(storage.numbered_children(folder))
+    records = registry.records(folder)
+    served = registry.served_version(folder, config.model_name)
+    versions = sorted(set(records) | present, reverse=True)
+    if not versions:
+        return f"No version pushed under {folder} yet."
+    header = f"{'VERSION':>7}  {'STATE':<10}  {'PUSHED AT':<25}  {'SPANS':<12}  {'AUC':>6}  "
+    header += f"{'ACC':>6}  {'vs BASELINE':<16}"
+    lines = [f"Model {config.model_name!r} in {folder}", header]
+    for version in versions:
+        record = records.get(version) or {}
+        overall = record.get("metrics", {}).get("overall", {})
+        baseline = record.get("baseline_version")
+        change = record.get("auc_change")
+        versus = "first model" if baseline is None else f"v{baseline}"
+        if baseline is not None and change is not None:
+            versus += f" {change:+.4f}"
+        spans = ",".join(sorted(record.get("spans", {}), key=int)) or "?"
+        lines.append(
+            f"{version:>7}  {_state(version, complete, present, served):<10}  "
+            f"{record.get('pushed_at', '?'):<25}  {spans:<12}  "
+            f"{_number(overall.get('auc'))}  {_number(overall.get('binary_accuracy'))}  "
+            f"{versus:<16}"
+        )
+    if served is not None and registry.configured_version(folder, config.model_name) is None:
+        no_file = f"no {registry.MODEL_CONFIG_FILE} yet"
+        lines.append(f"({no_file}: TF Serving serves the highest version)")
+    return "\n".join(lines)
+
+
+def _number(value: float | None) -> str:
+    return f"{value:6.4f}" if value is not None else f"{'-':>6}"
+
+
+def show_version(config: PipelineConfig, version: int) -> str:
+    """One version's record, and its lineage: the baselines it beat, back to the first model."""
+    folder = config.serving_model_dir
+    records = registry.records(folder)
+    if version not in records:
+        known = sorted(records)
+        raise registry.RegistryError(
+            f"no record of version {version} under {folder}: versions with records are {known} "
+            "(`tkp models list`)"
+        )
+    served = registry.served_version(folder, config.model_name)
+    complete = registry.complete_versions(folder)
+    state = _state(version, complete, set(storage.numbered_children(folder)), served)
+    lines = [f"Version {version} ({state}) of {config.model_name!r} in {folder}"]
+    lines.append(json.dumps(records[version], indent=2, sort_keys=True))
+    chain, current = [], records[version].get("baseline_version")
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = (records.get(current) or {}).get("baseline_version")
+    lineage = " <- ".join(f"v{v}" for v in [version, *chain]) + " <- (first model)"
+    lines.append(f"Lineage (each beat the one after it): {lineage}")
+    return "\n".join(lines)
+
+
+def rollback(config: PipelineConfig, to: int | None) -> str:
+    was, now = registry.rollback(config.serving_model_dir, config.model_name, to)
+    config_path = storage.join(config.serving_model_dir, registry.MODEL_CONFIG_FILE)
+    return (
+        f"Version {now} serves now (was {was}); {config_path} pins it, and TF Serving loads it at "
+        "its next config poll."
+    )
