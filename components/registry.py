@@ -13,7 +13,8 @@ config file; it ignores every other name):
   so that `rollback` and pruning know which version served before the current one;
 - `_trained/<fingerprint>.json`: what a run on that input produced, blessed or not, so that a run
   on the same data ends early (components/span_selection.py);
-- `_claims/<N>/<token>`: claims on version numbers, so that two pushers never write one version;
+- `_claims/<N>/<token>`: claims on version numbers, so that two pushers never write one version
+  (one empty object per push, kept: a withdrawn winning claim would let a late rival win too);
 - `_statistics/span-<N>/`, `_watch/span-<N>.json`: the statistics of spans that passed validation
   (the drift check's reference, components/validation.py) and `watch`'s trigger records.
 """

@@ -27,7 +27,10 @@ def list_versions(config: PipelineConfig) -> str:
     complete = registry.complete_versions(folder)
     present = set(storage.numbered_children(folder))
     records = registry.records(folder)
-    served = registry.served_version(folder, config.model_name)
+    try:
+        served, broken = registry.served_version(folder, config.model_name), None
+    except registry.RegistryError as e:  # still list what is there, and say what is wrong
+        served, broken = None, str(e)
     versions = sorted(set(records) | present, reverse=True)
     if not versions:
         return f"No version pushed under {folder} yet."
@@ -49,7 +52,9 @@ def list_versions(config: PipelineConfig) -> str:
             f"{_number(overall.get('auc'))}  {_number(overall.get('binary_accuracy'))}  "
             f"{versus:<16}"
         )
-    if served is not None and registry.configured_version(folder, config.model_name) is None:
+    if broken:
+        lines.append(f"NOTHING SERVES: {broken}")
+    elif served is not None and registry.configured_version(folder, config.model_name) is None:
         no_file = f"no {registry.MODEL_CONFIG_FILE} yet"
         lines.append(f"({no_file}: TF Serving serves the highest version)")
     return "\n".join(lines)
@@ -69,16 +74,15 @@ def show_version(config: PipelineConfig, version: int) -> str:
             f"no record of version {version} under {folder}: versions with records are {known} "
             "(`tkp models list`)"
         )
-    served = registry.served_version(folder, config.model_name)
+    try:
+        served = registry.served_version(folder, config.model_name)
+    except registry.RegistryError:
+        served = None  # `models list` says why
     complete = registry.complete_versions(folder)
     state = _state(version, complete, set(storage.numbered_children(folder)), served)
     lines = [f"Version {version} ({state}) of {config.model_name!r} in {folder}"]
     lines.append(json.dumps(records[version], indent=2, sort_keys=True))
-    chain, current = [], records[version].get("baseline_version")
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = (records.get(current) or {}).get("baseline_version")
-    lineage = " <- ".join(f"v{v}" for v in [version, *chain]) + " <- (first model)"
+    lineage = " <- ".join(f"v{v}" for v in registry.lineage(folder, version)) + " <- (first model)"
     lines.append(f"Lineage (each beat the one after it): {lineage}")
     return "\n".join(lines)
 

@@ -83,8 +83,7 @@ def test_a_bad_rollback_or_a_broken_config_file_is_named_and_changes_nothing(
     storage.write_bytes(f"{folder}/models.config", b"model_config_list { config { name: ")
     with pytest.raises(registry.RegistryError, match="models.config is not a TF Serving model"):
         registry.served_version(folder, config.model_name)
-    with pytest.raises(registry.RegistryError, match="tkp rollback N"):
-        models.list_versions(config)
+    assert "NOTHING SERVES:" in models.list_versions(config)  # the versions are still listed
     policy = registry.model_config_text(folder, config.model_name, 9)
     storage.write_bytes(f"{folder}/models.config", policy.encode())
     with pytest.raises(registry.RegistryError, match="pins version 9, which is not a complete"):
