@@ -98,6 +98,22 @@ def _restore_latest(model: tf.keras.Model, checkpoint_dir: str) -> int:
     return int(re.search(r"epoch-(\d+)", latest).group(1))
 
 
+# Signatures of the exported SavedModel, as TF Serving's REST API reaches them:
+# - SERVING_SIGNATURE takes serialized raw tf.Examples and returns {"outputs": [batch, 1]}
+#   P(big tip): `:predict` with base64 examples, and `:regress` (one string input, a float
+#   "outputs"); TFMA evaluates through it.
+# - CLASSIFY_SIGNATURE takes the same examples and returns "classes" ["0", "1"] and their
+#   "scores": what `:classify` requires.
+# - RAW_SIGNATURE takes one [batch] tensor per raw feature: `:predict` with plain JSON values.
+#   Every feature is required there (TF Serving wants every input of a signature); an optional
+#   feature says "missing" with the value preprocessing_fn gives a missing one ("" or 0).
+SERVING_SIGNATURE = "serving_default"
+CLASSIFY_SIGNATURE = "classify"
+RAW_SIGNATURE = "raw_features"
+TRANSFORM_SIGNATURE = "transform_features"
+CLASS_LABELS = ("0", "1")
+
+
 def _export(model: tf.keras.Model, tf_transform_output, serving_model_dir: str) -> None:
     # A layer built under mixed_float16 would cast the raw floats to half before the transform
     # graph, which takes float32; the trained layers keep the policy they were built with.
@@ -107,18 +123,47 @@ def _export(model: tf.keras.Model, tf_transform_output, serving_model_dir: str) 
     serving_spec = {k: v for k, v in raw_spec.items() if k != features.LABEL_KEY}
     examples_spec = tf.TensorSpec([None], tf.string, name="examples")
 
+    def probability(parsed: dict) -> tf.Tensor:
+        transformed = model.tft_layer(parsed)
+        transformed.pop(features.LABEL_KEY, None)
+        return tf.cast(model(transformed), tf.float32)
+
     @tf.function(input_signature=[examples_spec])
     def serve(examples):
-        transformed = model.tft_layer(tf.io.parse_example(examples, serving_spec))
-        transformed.pop(features.LABEL_KEY, None)
-        return {"outputs": tf.cast(model(transformed), tf.float32)}
+        return {"outputs": probability(tf.io.parse_example(examples, serving_spec))}
+
+    @tf.function(input_signature=[examples_spec])
+    def classify(examples):
+        p = probability(tf.io.parse_example(examples, serving_spec))
+        scores = tf.concat([1.0 - p, p], axis=1)
+        classes = tf.tile(tf.constant([CLASS_LABELS]), [tf.shape(p)[0], 1])
+        return {"classes": classes, "scores": scores}
+
+    raw_inputs = {
+        key: tf.TensorSpec([None], spec.dtype, name=key) for key, spec in serving_spec.items()
+    }
+
+    @tf.function
+    def raw_features(**inputs):
+        parsed = {}
+        for key, spec in serving_spec.items():
+            column = tf.reshape(inputs[key], [-1, 1])
+            # A VarLen feature is sparse after parsing; from_dense drops the "missing" 0 / "".
+            varlen = isinstance(spec, tf.io.VarLenFeature)
+            parsed[key] = tf.sparse.from_dense(column) if varlen else column
+        return {"outputs": probability(parsed)}
 
     # TFMA evaluates on labelled examples, so this one parses the label too.
     @tf.function(input_signature=[examples_spec])
     def transform_features(examples):
         return model.tft_layer(tf.io.parse_example(examples, raw_spec))
 
-    signatures = {"serving_default": serve, "transform_features": transform_features}
+    signatures = {
+        SERVING_SIGNATURE: serve,
+        CLASSIFY_SIGNATURE: classify,
+        RAW_SIGNATURE: raw_features.get_concrete_function(**raw_inputs),
+        TRANSFORM_SIGNATURE: transform_features,
+    }
     model.save(serving_model_dir, save_format="tf", signatures=signatures)
 
 

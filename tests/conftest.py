@@ -25,6 +25,7 @@ from components import features, preprocessing  # noqa: E402
 from components.schema import CuratedSchema  # noqa: E402
 from pipelines.config import REPO_ROOT  # noqa: E402
 from pipelines.object_store import EmbeddedObjectStore  # noqa: E402
+from tests.trained_model import trained, transformed  # noqa: E402, F401  (shared fixtures)
 
 # --------------------------------------------------------------------------------------------
 # Raw taxi-trip data as tf.Transform sees it (used by test_preprocessing.py and test_model.py)

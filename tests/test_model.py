@@ -7,80 +7,11 @@ import attr
 import numpy as np
 import pytest
 import tensorflow as tf
-import tensorflow_transform as tft
 from sklearn.metrics import roc_auc_score
 from tfx.components.trainer import fn_args_utils
-from tfx.components.util import tfxio_utils
-from tfx.types import artifact_utils, standard_artifacts
 
 from components import features, model
-from pipelines import data
-
-TRAIN_ROWS, EVAL_ROWS = 500, 300
-EPOCHS = 3
-
-
-def _write_gzip_examples(rows: list[dict], coder, path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
-        for row in rows:
-            writer.write(coder.encode(row))
-
-
-@pytest.fixture(scope="module")
-def transformed(tmp_path_factory, transform_frames):
-    """Generated trips transformed as the Transform component does: (graph dir, Examples, eval)."""
-    tmp = tmp_path_factory.mktemp("transform")
-    train_frame = data.generate_trips(TRAIN_ROWS, span=0)
-    eval_frame = data.generate_trips(EVAL_ROWS, span=0, seed=7)
-    graph_dir = str(tmp / "transform_graph")
-    train_rows, eval_rows = transform_frames(
-        [train_frame, eval_frame], graph_dir, temp_dir=str(tmp / "tft_tmp")
-    )
-    # Transformed examples laid out like Transform's output artifact: one folder per split.
-    examples = standard_artifacts.Examples()
-    examples.uri = str(tmp / "transformed_examples")
-    examples.split_names = artifact_utils.encode_split_names(["train", "eval"])
-    coder = tft.coders.ExampleProtoCoder(
-        tft.TFTransformOutput(graph_dir).transformed_metadata.schema
-    )
-    for split, rows in (("train", train_rows), ("eval", eval_rows)):
-        path = f"{examples.uri}/Split-{split}/transformed_examples-00000-of-00001.gz"
-        _write_gzip_examples(rows, coder, path)
-    return graph_dir, examples, eval_frame
-
-
-def _fn_args(transformed, run_dir, **overrides) -> fn_args_utils.FnArgs:
-    """FnArgs as the Trainer executor fills them in for `transformed`'s artifacts."""
-    graph_dir, examples, _ = transformed
-    args = dict(
-        train_files=[f"{examples.uri}/Split-train/*"],
-        eval_files=[f"{examples.uri}/Split-eval/*"],
-        transform_output=graph_dir,
-        serving_model_dir=str(run_dir / "serving_model"),
-        model_run_dir=str(run_dir / "model_run"),
-        train_steps=30,
-        eval_steps=5,
-        custom_config={"epochs": EPOCHS, "learning_rate": 0.01},
-        data_accessor=fn_args_utils.DataAccessor(
-            tf_dataset_factory=tfxio_utils.get_tf_dataset_factory_from_artifact(
-                [examples], ["Trainer"]
-            ),
-            record_batch_factory=None,
-            data_view_decode_fn=None,
-        ),
-    )
-    args.update(overrides)
-    return fn_args_utils.FnArgs(**args)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, transformed):
-    """run_fn on the CPU with the default ('auto', so float32) precision; (FnArgs, eval trips)."""
-    tf.keras.utils.set_random_seed(0)
-    fn_args = _fn_args(transformed, tmp_path_factory.mktemp("trainer"))
-    model.run_fn(fn_args)
-    return fn_args, transformed[2]
+from tests.trained_model import EPOCHS, EVAL_ROWS, fn_args_for
 
 
 def test_exported_model_scores_raw_examples(trained, to_examples):
@@ -140,7 +71,7 @@ def test_restarted_trainer_resumes_from_the_last_checkpoint(trained, tmp_path, t
 
 def test_mixed_precision_run_serves_float32(tmp_path, transformed, to_examples, caplog):
     """mixed_float16 as on a GPU (slow but valid on a CPU): the export still takes raw float32."""
-    fn_args = _fn_args(
+    fn_args = fn_args_for(
         transformed,
         tmp_path,
         train_steps=2,
@@ -200,3 +131,30 @@ def test_use_mixed_precision(setting, num_gpus, expected):
 def test_use_mixed_precision_rejects_unknown_setting():
     with pytest.raises(ValueError, match="mixed_precision"):
         model.use_mixed_precision("fp16", 1)
+
+
+def test_classify_and_raw_feature_signatures_agree_with_serving_default(trained, to_examples):
+    """The three ways TF Serving reaches the model (tf.Examples, :classify, plain JSON values)
+    give one probability per row; a missing optional feature is "" or 0 in the raw form."""
+    fn_args, eval_frame = trained
+    loaded = tf.saved_model.load(fn_args.serving_model_dir)
+    rows = eval_frame.head(8).copy()
+    rows.loc[rows.index[0], "company"] = None
+    rows.loc[rows.index[1], "pickup_community_area"] = None
+    examples = tf.constant(to_examples(rows, with_label=False))
+    expected = loaded.signatures[model.SERVING_SIGNATURE](examples=examples)["outputs"].numpy()
+
+    classified = loaded.signatures[model.CLASSIFY_SIGNATURE](examples=examples)
+    assert [c.decode() for c in classified["classes"].numpy()[0]] == list(model.CLASS_LABELS)
+    np.testing.assert_allclose(classified["scores"].numpy()[:, 1], expected[:, 0], rtol=1e-6)
+    np.testing.assert_allclose(classified["scores"].numpy().sum(axis=1), 1.0, rtol=1e-6)
+
+    raw = loaded.signatures[model.RAW_SIGNATURE]
+    inputs = {}
+    for key, spec in raw.structured_input_signature[1].items():
+        column = rows[key]
+        if spec.dtype == tf.string:
+            inputs[key] = tf.constant(column.fillna("").astype(str).tolist())
+        else:
+            inputs[key] = tf.constant(column.fillna(0).tolist(), dtype=spec.dtype)
+    np.testing.assert_allclose(raw(**inputs)["outputs"].numpy(), expected, rtol=1e-5)
