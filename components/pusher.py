@@ -15,6 +15,7 @@ import datetime
 import hashlib
 import importlib.metadata
 import logging
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tfx.components.pusher import executor as pusher_executor
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 
-from components import registry
+from components import registry, warmup
 from components.baseline import BASELINE_VERSION_KEY, NO_BASELINE, QUALITY_KEY, serving_parameters
 from components.evaluation import read_verdict
 from components.span_selection import SpanSelection, read_selection
@@ -31,10 +32,16 @@ from pipelines import storage
 from pipelines.config import check_run_parameters
 
 _log = logging.getLogger(__name__)
+# The edge model of a version (config export_tflite): TF Serving ignores assets.extra/ apart
+# from its warm-up file, and the model goes wherever its version goes (pruning included).
+EDGE_MODEL_PATH = "assets.extra/model.tflite"
 
 
-def push_version(model_path: str, versions_dir: str, version: int) -> str:
-    """Copies the model under `model_path` to `<versions_dir>/<version>/`; returns that folder.
+def push_version(
+    model_path: str, versions_dir: str, version: int, extra_files: dict[str, bytes] | None = None
+) -> str:
+    """Copies the model under `model_path` to `<versions_dir>/<version>/`, with `extra_files`
+    (relative path: content, e.g. the warm-up requests) beside it; returns that folder.
 
     Refuses, writing nothing, when the folder already holds any file: a version is never
     overwritten, since TF Serving may be serving it and clients may pin it.
@@ -47,8 +54,11 @@ def push_version(model_path: str, versions_dir: str, version: int) -> str:
             "overwritten: push to a new version number, or delete that folder by hand if it "
             "is a leftover that nothing serves."
         )
+    for relative, content in (extra_files or {}).items():
+        storage.write_bytes(storage.join(serving_path, relative), content)
     # saved_model.pb last: TF Serving treats a version as ready once it is there.
     count = storage.copy_tree(model_path, serving_path, last="saved_model.pb")
+    count += len(extra_files or {})
     _log.info("Pushed version %d (%d files) to %s", version, count, serving_path)
     return serving_path
 
@@ -90,8 +100,11 @@ class VersionedPusherExecutor(pusher_executor.Executor):
             registry.record_trained(folder, selection["fingerprint"], outcome)
             self._MarkNotPushed(pushed_model)
             return
+        model_path = self.GetModelPath(input_dict)
+        # Built before a version number is claimed: a failure here publishes nothing.
+        extra_files = self._extra_files(input_dict, exec_properties, model_path)
         version = registry.claim_version(folder)
-        serving_path = push_version(self.GetModelPath(input_dict), folder, version)
+        serving_path = push_version(model_path, folder, version, extra_files)
         record = self._record(input_dict, selection, verdict, outcome)
         registry.write_record(folder, version, record)
         registry.serve(folder, exec_properties["model_name"], version, why="push")
@@ -105,6 +118,22 @@ class VersionedPusherExecutor(pusher_executor.Executor):
             _log.info("Deleted versions %s (keep_versions=%d)", deleted,
                       exec_properties["keep_versions"])  # fmt: skip
         self._MarkPushed(pushed_model, pushed_destination=serving_path, pushed_version=str(version))
+
+    def _extra_files(self, input_dict, exec_properties, model_path: str) -> dict[str, bytes]:
+        """TF Serving's warm-up requests from the eval split, and the TFLite edge model when
+        `export_tflite` is 1."""
+        examples = artifact_utils.get_single_instance(input_dict["examples"])
+        rows = warmup.eval_examples(examples.uri)
+        saved_model_pb = storage.read_bytes(storage.join(model_path, "saved_model.pb"))
+        files = {warmup.WARMUP_PATH: warmup.warmup_records(exec_properties["model_name"],
+                                                           saved_model_pb, rows)}  # fmt: skip
+        if exec_properties.get("export_tflite"):
+            from components import edge
+
+            with tempfile.TemporaryDirectory() as local:
+                storage.copy_tree(model_path, local)
+                files[EDGE_MODEL_PATH] = edge.export_tflite(local)
+        return files
 
     def _record(self, input_dict, selection, verdict, outcome) -> dict:
         """What `tkp models show N` prints: where the version came from and how it scored."""
@@ -148,8 +177,10 @@ class VersionedPusherSpec(types.ComponentSpec):
         "serving_root": component_spec.ExecutionParameter(type=str),
         "model_name": component_spec.ExecutionParameter(type=str),
         "keep_versions": component_spec.ExecutionParameter(type=int),
+        "export_tflite": component_spec.ExecutionParameter(type=int),
     }
     INPUTS = {
+        "examples": component_spec.ChannelParameter(type=standard_artifacts.Examples),
         "model": component_spec.ChannelParameter(type=standard_artifacts.Model),
         "model_blessing": component_spec.ChannelParameter(type=standard_artifacts.ModelBlessing),
         "baseline_model": component_spec.ChannelParameter(type=standard_artifacts.Model),
@@ -168,12 +199,16 @@ class VersionedPusher(base_component.BaseComponent):
         model_blessing: types.BaseChannel,
         baseline_model: types.BaseChannel,
         selection: types.BaseChannel,
+        examples: types.BaseChannel,
         serving_root: str | Any,
         model_name: str | Any,
         keep_versions: int,
+        export_tflite: int = 0,
     ):
         super().__init__(
             spec=VersionedPusherSpec(
+                examples=examples,
+                export_tflite=export_tflite,
                 model=model,
                 model_blessing=model_blessing,
                 baseline_model=baseline_model,

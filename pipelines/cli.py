@@ -1,6 +1,7 @@
 """Command line: `tkp COMMAND` (or `python -m pipelines.cli COMMAND`); `--help` on each.
 
 Local: run, add-span, store, watch. Served versions: models list, models show, rollback.
+Serving: serve (TF Serving's REST API), serving-sync (the mirror TF Serving reads), bench-serving.
 Kubeflow: compile, submit, schedule, pause, resume.
 
 The console shows progress, results and errors. Each command writes a log of its own,
@@ -97,6 +98,31 @@ def cmd_rollback(args: argparse.Namespace, config: PipelineConfig) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import local_runner, serve
+    from pipelines.config import WORK_DIR
+    from pipelines.model_server import ModelManager
+
+    cache = (
+        Path(args.cache_dir) if args.cache_dir else serve.cache_dir_for(WORK_DIR, config.model_name)
+    )
+    with local_runner.object_store(config):
+        manager = ModelManager(
+            config.model_name, config.serving_model_dir, cache, args.poll_seconds
+        )
+        serve.serve_forever(manager, args.host, args.port, int(args.max_request_mb * 2**20),
+                            console.say)  # fmt: skip
+    return 0
+
+
+def cmd_serving_sync(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import local_runner, serving_sync
+
+    with local_runner.object_store(config):
+        return serving_sync.run(config.serving_model_dir, config.model_name, Path(args.target),
+                                None if args.once else args.interval, console.say)  # fmt: skip
+
+
 def cmd_store(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import local_runner
 
@@ -182,6 +208,22 @@ def cmd_watch(args: argparse.Namespace, config: PipelineConfig) -> int:
 
     return watch.main(config, interval, args.once, args.endpoint, args.package, args.experiment,
                       args.log_path)  # fmt: skip
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"not a port number (1-65535): {text!r}")
+    return int(text)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number above 0: {text!r}")
+    return value
 
 
 class _RefuseSet(argparse.Action):
@@ -278,6 +320,21 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = add_kfp(name, handler, text, package=False)
         sub.add_argument("--recurring-run-id", required=True)
+    serve_ = add("serve", cmd_serve, "Serve the pushed versions over TF Serving's REST API.")
+    serve_.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve_.add_argument("--port", type=_port, default=8501, help="REST port (TF Serving's: 8501)")
+    serve_.add_argument("--poll-seconds", type=_positive, default=2.0, metavar="SECONDS",
+                        help="how often to look for a pushed or rolled-back version")  # fmt: skip
+    serve_.add_argument("--max-request-mb", type=_positive, default=32.0, metavar="MB",
+                        help="larger request bodies are refused with 413")  # fmt: skip
+    serve_.add_argument("--cache-dir", help="local copy of the versions (default: .work/serving/)")
+    sync_help = "Mirror the served versions and model config into a folder TF Serving reads."
+    sync = add("serving-sync", cmd_serving_sync, sync_help)
+    sync.add_argument("--target", required=True, help="local folder, e.g. /models")
+    when = sync.add_mutually_exclusive_group(required=True)
+    when.add_argument("--once", action="store_true", help="sync once and exit (init container)")
+    when.add_argument("--interval", type=_positive, metavar="SECONDS",
+                      help="sync every SECONDS until stopped (sidecar)")  # fmt: skip
     watch = add("watch", cmd_watch, "Start exactly one run per new complete span of the data root.")
     watch.add_argument("--once", action="store_true", help="poll once and exit (for a CronJob)")
     watch.add_argument("--interval", type=int, metavar="SECONDS",

@@ -70,6 +70,9 @@ class PipelineConfig:
     # Pushed versions kept; older ones are deleted once a newer one serves (never the served one
     # nor the one `rollback` returns to).
     keep_versions: int = 5
+    # 1: each pushed version also holds `assets.extra/model.tflite`, a TFLite model of it that
+    # takes the raw features (for devices; components/edge.py says which runtime it needs).
+    export_tflite: int = 0
     # `watch`: seconds between polls of the data root.
     watch_interval: int = 60
     # Artifacts and ML Metadata. Local disk for the local runner (see README: object-store root).
@@ -388,6 +391,7 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "input_encoding": _encoding,
     "force": _one_of_numbers(0, 1),
     "keep_versions": _at_least(2),
+    "export_tflite": _one_of_numbers(0, 1),
     "watch_interval": _between(5, 3600),
     "serving_root": _storage_root,
     "model_name": _matches(

@@ -108,9 +108,11 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             model_blessing=evaluator.outputs["blessing"],
             baseline_model=baseline.outputs["baseline_model"],
             selection=select_spans.outputs["selection"],
+            examples=example_gen.outputs["examples"],
             serving_root=param["serving_root"],
             model_name=param["model_name"],
             keep_versions=config.keep_versions,
+            export_tflite=config.export_tflite,
         ).with_id("Pusher")
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline_name,

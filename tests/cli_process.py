@@ -55,13 +55,13 @@ class Background:
             self.process.kill()  # its SeaweedFS follows (parent-death signal)
             self.process.wait(timeout=30)
 
-    def __init__(self, work_dir: Path, *args: str):
+    def __init__(self, work_dir: Path, *args: str, **extra: str):
         self.process = subprocess.Popen(
             [sys.executable, "-m", "pipelines.cli", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=environment(work_dir),
+            env=environment(work_dir, **extra),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []

@@ -219,8 +219,8 @@ def cli_in_background(tmp_path):
 
     started: list[Background] = []
 
-    def start(*args: str) -> Background:
-        started.append(Background(tmp_path, *args))
+    def start(*args: str, **extra_env: str) -> Background:
+        started.append(Background(tmp_path, *args, **extra_env))
         return started[-1]
 
     yield start

@@ -1,0 +1,102 @@
+"""A local mirror of the served versions, for a model server that cannot read `s3://`.
+
+TF Serving 2.7 and later has no S3 file system, and TensorFlow's `s3://` client is not reliable
+against S3-compatible stores (README.md, "Object storage notes"). So the versions are copied to
+a local folder, `<target>/<model_name>/<N>/`, and TF Serving (kubeflow/serving/, as a sidecar
+running `tkp serving-sync`) or `tkp serve` reads that copy and the model config file written
+beside it, `<target>/models.config`: the store's config with base_path pointing at the copy.
+
+Order matters, because the reader polls: a version is copied into a staging folder and renamed
+into place whole; the config pins a version only once it is in place; a version that left the
+store (pruned) is deleted locally only when the new config no longer pins it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from components import registry
+from pipelines import storage
+
+_STAGING = ".staging"
+
+
+@dataclass
+class SyncResult:
+    served: int | None  # the version the local config pins; None: nothing pushed yet
+    versions: list[int] = field(default_factory=list)  # complete versions on the store
+    copied: list[int] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)
+
+
+def local_model_dir(target: Path, model_name: str) -> Path:
+    return Path(target) / model_name
+
+
+def local_config_path(target: Path) -> Path:
+    return Path(target) / registry.MODEL_CONFIG_FILE
+
+
+def sync_once(serving_model_dir: str, model_name: str, target: Path) -> SyncResult:
+    """Mirrors the complete versions under `serving_model_dir` into `target` and writes the
+    local model config file. Raises StorageError or RegistryError (naming the file) when the
+    store cannot be read or its config is broken; the local copy is then left as it was, so a
+    reader keeps serving what it served."""
+    target = Path(target)
+    models = local_model_dir(target, model_name)
+    complete = registry.complete_versions(serving_model_dir)
+    served = registry.served_version(serving_model_dir, model_name)
+    result = SyncResult(served=served, versions=sorted(complete))
+    for version, source in sorted(complete.items()):
+        if not (models / str(version) / "saved_model.pb").exists():
+            _copy_version(source, models / str(version), target / _STAGING)
+            result.copied.append(version)
+    if served is not None:
+        text = registry.model_config_text(str(models), model_name, served)
+        storage.write_bytes(str(local_config_path(target)), text.encode())
+    for path in sorted(models.iterdir()) if models.exists() else []:
+        if path.name.isdigit() and int(path.name) not in complete and int(path.name) != served:
+            shutil.rmtree(path, ignore_errors=True)
+            result.deleted.append(int(path.name))
+    return result
+
+
+def _copy_version(source: str, destination: Path, staging_root: Path) -> None:
+    staging = staging_root / f"{destination.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        storage.copy_tree(source, str(staging), last="saved_model.pb")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if destination.exists():  # a copy that died before saved_model.pb: replace it
+            shutil.rmtree(destination)
+        staging.rename(destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def run(serving_model_dir: str, model_name: str, target: Path, interval: float | None,
+        say: Callable[[str], None]) -> int:  # fmt: skip
+    """`tkp serving-sync`: once (interval None; an error is the exit status, for an init
+    container), or every `interval` seconds until stopped (an error is logged and retried: the
+    reader keeps serving the last good copy meanwhile)."""
+    while True:
+        started = time.monotonic()
+        try:
+            result = sync_once(serving_model_dir, model_name, target)
+        except Exception as e:  # StorageError, RegistryError, OSError: all retried
+            if interval is None:
+                raise
+            say(f"serving-sync: {e} (retrying in {interval:g} s; the last copy stays served)")
+        else:
+            if result.copied or result.deleted or interval is None:
+                say(
+                    f"serving-sync: version {result.served} serves; copied {result.copied or '-'}, "
+                    f"deleted {result.deleted or '-'} ({time.monotonic() - started:.1f} s)"
+                )
+        if interval is None:
+            return 0
+        time.sleep(interval)

@@ -1,0 +1,249 @@
+"""`tkp serve` against TF Serving's REST contract, on a really trained and pushed model.
+
+Expected shapes, status codes and messages are those of TF Serving 2.16.1's REST API
+(https://www.tensorflow.org/tfx/serving/api_rest, and its source as cited in
+pipelines/tfs_json.py and pipelines/servable.py). The server runs in a thread on loopback; the
+versions come from a real SeaweedFS store through the same mirror the Kubernetes sidecar uses.
+"""
+
+import base64
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+import requests
+import tensorflow as tf
+
+from components import features, registry, warmup
+from components.model import CLASSIFY_SIGNATURE, RAW_SIGNATURE, SERVING_SIGNATURE
+from components.pusher import push_version
+from pipelines import storage
+from pipelines.model_server import ModelManager
+from pipelines.serve import start_in_thread
+from pipelines.serving_client import ServingClient, ServingRequestError
+
+MODEL = "taxi-tips"
+ROWS = 8
+
+
+def frame_rows(frame) -> list[dict[str, str]]:
+    """DataFrame rows as a client reads them from a span's CSV file (pipelines/data.py)."""
+    return list(csv.DictReader(io.StringIO(frame.to_csv(index=False, na_rep=""))))
+
+
+def push(folder: str, model_dir: str, version: int, examples: list[bytes]) -> None:
+    """What the Pusher publishes: the files, the warm-up requests, the model config file."""
+    rows = [tf.train.Example.FromString(e) for e in examples]
+    pb = open(f"{model_dir}/saved_model.pb", "rb").read()
+    extra = {warmup.WARMUP_PATH: warmup.warmup_records(MODEL, pb, rows)}
+    push_version(model_dir, folder, version, extra)
+    registry.serve(folder, MODEL, version, why="push")
+
+
+@pytest.fixture(scope="module")
+def served(object_store, trained, to_examples, tmp_path_factory):
+    fn_args, eval_frame = trained
+    folder = f"s3://{object_store.new_bucket('serve')}/serving/{MODEL}"
+    examples = to_examples(eval_frame.head(16), with_label=False)
+    push(folder, fn_args.serving_model_dir, 1, examples)
+    manager = ModelManager(MODEL, folder, tmp_path_factory.mktemp("cache"), poll_seconds=0.3)
+    said: list[str] = []
+    manager.on_change = said.append
+    manager.poll()
+    manager.start()
+    server = start_in_thread(manager, max_request_bytes=1 << 20)
+    model = tf.saved_model.load(fn_args.serving_model_dir)
+    rows = frame_rows(eval_frame.head(ROWS))
+    expected = model.signatures[SERVING_SIGNATURE](
+        examples=tf.constant(to_examples(eval_frame.head(ROWS), with_label=False))
+    )["outputs"].numpy()[:, 0]
+    yield dict(url=server.url, manager=manager, folder=folder, said=said, rows=rows,
+               expected=expected, model_dir=fn_args.serving_model_dir,
+               examples=examples)  # fmt: skip
+    server.stop()
+    manager.stop()
+
+
+def call(served, method: str, path: str, body=None, raw: bytes | None = None):
+    data = raw if raw is not None else (None if body is None else json.dumps(body))
+    response = requests.request(method, served["url"] + path, data=data, timeout=30)
+    assert response.headers["content-type"] == "application/json"
+    return response.status_code, response.json()
+
+
+def b64_instances(served) -> list[dict]:
+    from pipelines.serving import row_to_example
+
+    return [{"b64": base64.b64encode(row_to_example(r)).decode()} for r in served["rows"]]
+
+
+# -- status and metadata ----------------------------------------------------------------------
+
+
+def test_model_status_lists_the_served_version_available(served):
+    assert served["said"][0].startswith("Version 1 serves (loaded and warmed up with 5 requests")
+    status, body = call(served, "GET", f"/v1/models/{MODEL}")
+    assert status == 200
+    assert body == {"model_version_status": [
+        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+    ]}  # fmt: skip
+    assert call(served, "GET", f"/v1/models/{MODEL}/versions/1")[1] == body
+    assert call(served, "GET", f"/v1/models/{MODEL}/versions/7") == (
+        404, {"error": f"Could not find version 7 of model {MODEL}"})  # fmt: skip
+    assert call(served, "GET", "/v1/models/nope") == (
+        404, {"error": "Could not find any versions of model nope"})  # fmt: skip
+
+
+def test_metadata_has_each_signature_with_typed_inputs(served):
+    status, body = call(served, "GET", f"/v1/models/{MODEL}/metadata")
+    assert status == 200
+    assert body["model_spec"] == {"name": MODEL, "signature_name": "", "version": "1"}
+    signatures = body["metadata"]["signature_def"]["signature_def"]
+    assert {SERVING_SIGNATURE, CLASSIFY_SIGNATURE, RAW_SIGNATURE} <= set(signatures)
+    assert signatures[SERVING_SIGNATURE]["inputs"]["examples"]["dtype"] == "DT_STRING"
+    assert signatures[SERVING_SIGNATURE]["method_name"] == "tensorflow/serving/predict"
+    raw = signatures[RAW_SIGNATURE]["inputs"]
+    assert raw["fare"]["dtype"] == "DT_FLOAT" and raw["trip_seconds"]["dtype"] == "DT_INT64"
+    assert features.LABEL_KEY not in raw
+
+
+# -- the four ways in -------------------------------------------------------------------------
+
+
+def test_predict_rows_and_columns_of_base64_examples_match_the_saved_model(served):
+    instances = b64_instances(served)
+    path = f"/v1/models/{MODEL}:predict"
+    status, body = call(served, "POST", path, {"instances": instances})
+    assert status == 200 and list(body) == ["predictions"]
+    assert np.array(body["predictions"]).shape == (ROWS, 1)  # one [p] per instance
+    np.testing.assert_allclose(np.array(body["predictions"])[:, 0], served["expected"], atol=1e-6)
+    # Columnar form, and a signature with one input takes the bare list too.
+    for inputs in ({"examples": instances}, instances):
+        status, body = call(served, "POST", path, {"signature_name": "", "inputs": inputs})
+        assert status == 200 and list(body) == ["outputs"]
+        np.testing.assert_allclose(np.array(body["outputs"])[:, 0], served["expected"], atol=1e-6)
+    versioned = call(served, "POST", f"/v1/models/{MODEL}/versions/1:predict",
+                     {"instances": instances})  # fmt: skip
+    assert versioned[0] == 200
+
+
+def test_predict_plain_json_values_through_the_raw_signature(served):
+    client = ServingClient(served["url"], MODEL)
+    np.testing.assert_allclose(client.predict_raw(served["rows"]), served["expected"], atol=1e-5)
+    # Columnar: one list per feature.
+    typed = [client_typed(r) for r in served["rows"]]
+    columns = {key: [row[key] for row in typed] for key in typed[0]}
+    status, body = call(served, "POST", f"/v1/models/{MODEL}:predict",
+                        {"signature_name": RAW_SIGNATURE, "inputs": columns})  # fmt: skip
+    assert status == 200, body
+    np.testing.assert_allclose(np.array(body["outputs"])[:, 0], served["expected"], atol=1e-5)
+
+
+def client_typed(row: dict[str, str]) -> dict:
+    from pipelines.serving_client import _typed
+
+    typed = _typed(row)
+    typed.setdefault("company", "")
+    typed.setdefault("pickup_community_area", 0)
+    return typed
+
+
+def test_classify_and_regress_take_examples_as_json_objects(served):
+    client = ServingClient(served["url"], MODEL)
+    result = client.classify(served["rows"])
+    assert [[label for label, _ in item] for item in result] == [["0", "1"]] * ROWS
+    np.testing.assert_allclose([item[1][1] for item in result], served["expected"], atol=1e-6)
+    np.testing.assert_allclose([item[0][1] + item[1][1] for item in result], 1.0, atol=1e-6)
+    np.testing.assert_allclose(client.regress(served["rows"]), served["expected"], atol=1e-6)
+    np.testing.assert_allclose(client.predict_examples(served["rows"]), served["expected"],
+                               atol=1e-6)  # fmt: skip
+    # A context holds features every example shares; an example's own value wins.
+    typed = [client_typed(r) for r in served["rows"][:2]]
+    own = [{k: v for k, v in t.items() if k != "company"} for t in typed[:1]]
+    body = {"signature_name": SERVING_SIGNATURE, "context": {"company": typed[0]["company"]},
+            "examples": own}  # fmt: skip
+    status, answer = call(served, "POST", f"/v1/models/{MODEL}:regress", body)
+    assert status == 200 and answer["result"][0] == pytest.approx(served["expected"][0], abs=1e-6)
+
+
+# -- bad input: 4xx in TF Serving's error shape, and the server keeps serving ----------------
+
+
+@pytest.mark.parametrize(
+    "path, body, status, message",
+    [
+        (":predict", b"{not json", 400, "JSON Parse error: "),
+        (":predict", b"", 400, "JSON Parse error: The document is empty"),
+        (":predict", b"[1, 2]", 400, "Is not object"),
+        (":predict", {"signature_name": SERVING_SIGNATURE}, 400,
+         "Missing 'inputs' or 'instances' key"),
+        (":predict", {"instances": [], "inputs": []}, 400,
+         "expecting only one of 'inputs' or 'instances' keys"),
+        (":predict", {"signature_name": "nope", "instances": [1]}, 400,
+         'Serving signature name: "nope" not found in signature def'),
+        (":predict", {"instances": [{"b64": "not base64!"}]}, 400, "Unable to base64 decode"),
+        (":predict", {"instances": [{"b64": base64.b64encode(b"\x00garbage").decode()}]}, 400,
+         ""),
+        ("/versions/2:predict", {"instances": [1]}, 404,
+         f"Servable not found for request: Specific({MODEL}, 2)"),
+        (":classify", {"examples": {}}, 400, "Expecting 'examples' value to be an list/array"),
+        (":regress", {"examples": [{"fare": None}]}, 400,
+         "Feature: fare has element with unexpected JSON type: Null"),
+        (":regress", {"examples": [{"fare": [1.0, "x"]}]}, 400,
+         "Unexpected element type in feature: fare expecting type: float"),
+        (":explain", {"instances": [1]}, 400,
+         f"Malformed request: POST /v1/models/{MODEL}:explain"),
+    ],
+)  # fmt: skip
+def test_bad_requests_get_tf_servings_error_and_status(served, path, body, status, message):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    got_status, got = call(served, "POST", f"/v1/models/{MODEL}{path}", raw=raw)
+    assert got_status == status and list(got) == ["error"] and message in got["error"], got
+    assert call(served, "POST", f"/v1/models/{MODEL}:predict",
+                {"instances": b64_instances(served)})[0] == 200  # fmt: skip
+
+
+def test_a_missing_feature_or_a_wrong_type_names_the_feature(served):
+    typed = [client_typed(r) for r in served["rows"][:2]]
+    path = f"/v1/models/{MODEL}:predict"
+    missing = [{k: v for k, v in t.items() if k != "fare"} for t in typed]
+    status, body = call(
+        served, "POST", path, {"signature_name": RAW_SIGNATURE, "instances": missing}
+    )
+    assert status == 400 and "keys must be equal to: " in body["error"] and "fare" in body["error"]
+    wrong = [dict(typed[0], fare="cheap"), typed[1]]
+    status, body = call(served, "POST", path, {"signature_name": RAW_SIGNATURE, "instances": wrong})
+    assert status == 400
+    assert "key: fare of 'instances' list" in body["error"]
+    assert 'JSON Value: "cheap" Type: String is not of expected type: float' in body["error"]
+    as_float = [dict(typed[0], trip_seconds=12.5), typed[1]]
+    status, body = call(
+        served, "POST", path, {"signature_name": RAW_SIGNATURE, "instances": as_float}
+    )
+    assert status == 400 and "is not of expected type: int64" in body["error"]
+    # A tf.Example without a required feature: the model's own parse error, as a 400.
+    example = tf.train.Example()
+    example.features.feature["trip_miles"].float_list.value.append(1.0)
+    instance = {"b64": base64.b64encode(example.SerializeToString()).decode()}
+    status, body = call(served, "POST", path, {"instances": [instance]})
+    assert status == 400 and "fare" in body["error"] and "required" in body["error"], body
+    unknown = call(served, "POST", "/v1/models/nope:predict", {"instances": [instance]})
+    assert unknown == (404, {"error": "Servable not found for request: Latest(nope)"})
+
+
+def test_an_oversized_body_is_refused_with_413_without_reading_it_all(served):
+    too_big = {"instances": [{"b64": "A" * 4096}] * 400}  # ~1.6 MB, the fixture's limit is 1 MiB
+    status, body = call(served, "POST", f"/v1/models/{MODEL}:predict", too_big)
+    assert status == 413 and "larger than this server's limit" in body["error"]
+    assert call(served, "POST", f"/v1/models/{MODEL}:predict",
+                {"instances": b64_instances(served)})[0] == 200  # fmt: skip
+
+
+def test_client_errors_carry_status_and_message(served):
+    client = ServingClient(served["url"], "nope")
+    with pytest.raises(ServingRequestError) as raised:
+        client.predict_examples(served["rows"])
+    assert raised.value.status == 404 and "Latest(nope)" in raised.value.message
+    assert storage.list_files(f"{served['folder']}/1/{warmup.WARMUP_PATH}")
