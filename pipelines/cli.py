@@ -123,6 +123,23 @@ def cmd_serving_sync(args: argparse.Namespace, config: PipelineConfig) -> int:
                                 None if args.once else args.interval, console.say)  # fmt: skip
 
 
+def cmd_bench_serving(args: argparse.Namespace, config: PipelineConfig) -> int:
+    import json
+
+    from pipelines import bench_serving, local_runner
+    from pipelines.config import WORK_DIR
+
+    with local_runner.object_store(config):
+        results = bench_serving.run(config, args.requests, args.concurrency, args.batch_sizes,
+                                    console.say)  # fmt: skip
+    console.say(bench_serving.table(results))
+    path = WORK_DIR / "bench" / "serving.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    console.say(f"Figures written to {path}")
+    return 0
+
+
 def cmd_store(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import local_runner
 
@@ -214,6 +231,16 @@ def _port(text: str) -> int:
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise argparse.ArgumentTypeError(f"not a port number (1-65535): {text!r}")
     return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {text!r}")
+    return int(text)
+
+
+def _counts(text: str) -> list[int]:
+    return [_count(part.strip()) for part in text.split(",")]
 
 
 def _positive(text: str) -> float:
@@ -335,6 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--once", action="store_true", help="sync once and exit (init container)")
     when.add_argument("--interval", type=_positive, metavar="SECONDS",
                       help="sync every SECONDS until stopped (sidecar)")  # fmt: skip
+    bench = add("bench-serving", cmd_bench_serving,
+                "Latency and throughput of `serve` next to the SavedModel in-process.")  # fmt: skip
+    bench.add_argument("--requests", type=_count, default=400, help="requests per batch size")
+    bench.add_argument("--concurrency", type=_count, default=4, help="requests in flight")
+    bench.add_argument("--batch-sizes", type=_counts, default=[1, 64], metavar="N,N",
+                       help="examples per request (default: 1,64)")  # fmt: skip
     watch = add("watch", cmd_watch, "Start exactly one run per new complete span of the data root.")
     watch.add_argument("--once", action="store_true", help="poll once and exit (for a CronJob)")
     watch.add_argument("--interval", type=int, metavar="SECONDS",

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from pipelines.errors import ActionableError
 from pipelines.model_server import ModelManager, handle
 
 DEFAULT_PORT = 8501  # TF Serving's --rest_api_port default
@@ -25,6 +26,10 @@ DEFAULT_MAX_REQUEST_MB = 32
 
 class _TooLarge(Exception):
     pass
+
+
+class ServeError(ActionableError, RuntimeError):
+    """The server cannot start; the message says what to change."""
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -102,7 +107,9 @@ def start_in_thread(
     deadline = time.monotonic() + 30
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the model server did not start on {host}:{port}")
+            server.should_exit = True
+            raise ServeError(f"the model server could not listen on {host}:{port} (is the port "
+                             "in use? the log says why): choose another with --port")  # fmt: skip
         time.sleep(0.05)
     return RunningServer(f"http://{host}:{port}", server, thread)
 
@@ -117,11 +124,19 @@ def serve_forever(manager: ModelManager, host: str, port: int, max_request_bytes
         say(f"No version of {manager.model_name!r} is pushed yet: waiting for one (checking "
             f"every {manager.poll_seconds:g} s).")  # fmt: skip
     manager.start()
-    base = f"http://{host}:{port}/v1/models/{manager.model_name}"
-    say(f"TF Serving REST API at {base} (status), {base}:predict, :classify, :regress, "
-        "/metadata. Ctrl-C stops.")  # fmt: skip
     try:
-        uvicorn.Server(_config(create_app(manager, max_request_bytes), host, port)).run()
+        # In a thread, so that uvicorn leaves the signals to the CLI: SIGTERM and Ctrl-C end
+        # in the CLI's clean-up, which stops the server and the poller below.
+        running = start_in_thread(manager, host, port, max_request_bytes)
+        base = f"{running.url}/v1/models/{manager.model_name}"
+        say(f"TF Serving REST API at {base} (status), {base}:predict, :classify, :regress, "
+            "/metadata. Ctrl-C stops.")  # fmt: skip
+        try:
+            while running.thread.is_alive():
+                running.thread.join(0.5)
+            raise ServeError("the HTTP server stopped on its own; the log says why")
+        finally:
+            running.stop()
     finally:
         manager.stop()
 

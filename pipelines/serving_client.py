@@ -105,9 +105,9 @@ class ServingClient:
     def classify(self, rows: list[dict[str, str]], version: int | None = None) -> list:
         """[[label, score], ...] per row."""
         body = {"signature_name": CLASSIFY_SIGNATURE, "examples": [_typed(r) for r in rows]}
-        return self._call("POST", self.url(version, ":classify"), body)["result"]
+        return self._call("POST", self.url(version, ":classify"), body)["results"]
 
     def regress(self, rows: list[dict[str, str]], version: int | None = None) -> list:
         """P(big tip) per row through :regress (the serving_default signature)."""
         body = {"signature_name": SERVING_SIGNATURE, "examples": [_typed(r) for r in rows]}
-        return self._call("POST", self.url(version, ":regress"), body)["result"]
+        return self._call("POST", self.url(version, ":regress"), body)["results"]

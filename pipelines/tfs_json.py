@@ -349,14 +349,17 @@ def predict_response(response: predict_pb2.PredictResponse, form: str) -> dict:
     return {"predictions": [{n: v[i] for n, v in values.items()} for i in range(sizes.pop())]}
 
 
+# kClassifyRegressResponseKey is "results" (plural), for both APIs.
+
+
 def classify_response(response: classification_pb2.ClassificationResponse) -> dict:
     if not response.result.classifications:
         raise invalid("Cannot convert empty ClassificationResults to JSON")
-    return {"result": [[[c.label, float(str(np.float32(c.score)))] for c in item.classes]
+    return {"results": [[[c.label, float(str(np.float32(c.score)))] for c in item.classes]
                        for item in response.result.classifications]}  # fmt: skip
 
 
 def regress_response(response: regression_pb2.RegressionResponse) -> dict:
     if not response.result.regressions:
         raise invalid("Cannot convert empty RegressionResults to JSON")
-    return {"result": [float(str(np.float32(r.value))) for r in response.result.regressions]}
+    return {"results": [float(str(np.float32(r.value))) for r in response.result.regressions]}

@@ -19,15 +19,18 @@ complete one; after a rollback the served version is the baseline, not the highe
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+from tensorflow_serving.apis import prediction_log_pb2
 from tfx import version as tfx_version
 from tfx.types import Channel, artifact_utils, standard_artifacts
 from tfx.types.standard_artifact_utils import ARTIFACT_TFX_VERSION_CUSTOM_PROPERTY_KEY
 from tfx.utils import path_utils
 
-from components import registry
+from components import registry, warmup
 from components.baseline import BASELINE_VERSION_KEY, LatestPushedModelExecutor
 from components.example_gen import ExampleGenInputError, Executor, SpanCsvExampleGen
 from components.pusher import VersionedPusherExecutor, push_version
@@ -43,9 +46,12 @@ from pipelines import data, storage
 MODEL_NAME = "taxi-tips"
 
 # A stand-in for the Trainer's SavedModel: the Pusher and the baseline step copy files, they
-# never load them.
+# never load them (the Pusher reads saved_model.pb's signatures for the warm-up requests; this
+# one has none, so only the default signature is warmed up).
 MODEL_FILES = {
-    "saved_model.pb": b"graph of the candidate",
+    "saved_model.pb": saved_model_pb2.SavedModel(
+        meta_graphs=[meta_graph_pb2.MetaGraphDef()]
+    ).SerializeToString(),
     "fingerprint.pb": b"fingerprint",
     "variables/variables.index": b"index",
     "variables/variables.data-00000-of-00001": b"weights " * 64,
@@ -136,7 +142,9 @@ def _blessing(tmp_path, blessed: bool) -> standard_artifacts.ModelBlessing:
     return blessing
 
 
-def _push(serving_root: str, model, blessing, tmp_path) -> standard_artifacts.PushedModel:
+def _push(
+    serving_root: str, model, blessing, tmp_path, export_tflite: int = 0
+) -> standard_artifacts.PushedModel:
     """The Pusher's executor on a span selected from a one-span data root, with no baseline."""
     data_root = f"{serving_root}-data"
     if not storage.list_files(f"{data_root}/**"):
@@ -150,11 +158,36 @@ def _push(serving_root: str, model, blessing, tmp_path) -> standard_artifacts.Pu
     pushed.uri = str(tmp_path / "pusher" / "pushed_model")
     VersionedPusherExecutor().Do(
         {"model": [model], "model_blessing": [blessing], "baseline_model": [baseline],
-         "selection": [selection]},
+         "selection": [selection], "examples": [_eval_examples(tmp_path)]},
         {"pushed_model": [pushed]},
-        {"serving_root": serving_root, "model_name": MODEL_NAME, "keep_versions": 5},
+        {"serving_root": serving_root, "model_name": MODEL_NAME, "keep_versions": 5,
+         "export_tflite": export_tflite},
     )  # fmt: skip
     return pushed
+
+
+def _eval_examples(tmp_path) -> standard_artifacts.Examples:
+    """ExampleGen's output with a small eval split (the Pusher builds warm-up requests from it)."""
+    examples = standard_artifacts.Examples()
+    examples.uri = str(tmp_path / "example_gen" / "examples")
+    path = f"{examples.uri}/Split-eval/data_tfrecord-00000-of-00001.gz"
+    storage.write_bytes(path, b"")
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for fare in (5.0, 12.5, 30.0):
+            example = tf.train.Example()
+            example.features.feature["fare"].float_list.value.append(fare)
+            example.features.feature["big_tipper"].int64_list.value.append(1)
+            writer.write(example.SerializeToString())
+    return examples
+
+
+def _warmup_requests(version_dir: str) -> list[prediction_log_pb2.PredictionLog]:
+    path = f"{version_dir}/{warmup.WARMUP_PATH}"
+    with tempfile.NamedTemporaryFile() as local:
+        local.write(storage.read_bytes(path))
+        local.flush()
+        records = tf.data.TFRecordDataset(local.name).as_numpy_iterator()
+        return [prediction_log_pb2.PredictionLog.FromString(r) for r in records]
 
 
 def _version_files(tag: str) -> dict[str, bytes]:
@@ -326,7 +359,16 @@ def test_push_takes_the_number_after_the_highest_version_and_copies_every_file(
     assert pushed.get_int_custom_property("pushed") == 1
     assert pushed.get_string_custom_property("pushed_destination") == f"{versions_dir}/8"
     assert pushed.get_string_custom_property("pushed_version") == "8"
-    assert _files_under(f"{versions_dir}/8") == MODEL_FILES
+    pushed_files = _files_under(f"{versions_dir}/8")
+    assert pushed_files.pop(warmup.WARMUP_PATH) and pushed_files == MODEL_FILES
+    # Warm-up: :predict with one example and with the batch, :regress; real eval rows, no label.
+    logs = _warmup_requests(f"{versions_dir}/8")
+    assert [log.WhichOneof("log_type") for log in logs] == [
+        "predict_log", "predict_log", "regress_log"]  # fmt: skip
+    batch = tf.make_ndarray(logs[1].predict_log.request.inputs["examples"])
+    rows = [tf.train.Example.FromString(b) for b in batch]
+    assert [r.features.feature["fare"].float_list.value[0] for r in rows] == [5.0, 12.5, 30.0]
+    assert all("big_tipper" not in r.features.feature for r in rows)
     for version, files in existing.items():
         assert _files_under(f"{versions_dir}/{version}") == files
     assert set(storage.numbered_children(versions_dir)) == {1, 5, 7, 8}
@@ -356,7 +398,8 @@ def test_a_model_compared_with_a_version_that_no_longer_serves_is_not_pushed(
     pushed.uri = str(tmp_path / "pusher-2" / "pushed_model")
     VersionedPusherExecutor().Do(
         {"model": [_trained_model(tmp_path)], "model_blessing": [_blessing(tmp_path, True)],
-         "baseline_model": [stale], "selection": [selection]},
+         "baseline_model": [stale], "selection": [selection],
+         "examples": [_eval_examples(tmp_path)]},
         {"pushed_model": [pushed]},
         {"serving_root": serving_root, "model_name": MODEL_NAME, "keep_versions": 5},
     )  # fmt: skip

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from components import registry
+from components import registry, warmup
 from components.example_gen import ExampleGenInputError
 from components.registry import complete_versions as pushed_versions
 from components.validation import DataValidationError
@@ -102,6 +102,8 @@ def test_first_span_ends_with_a_pushed_model_that_answers(loop):
     assert probabilities.shape == (400,)
     assert ((probabilities > 0) & (probabilities < 1)).all()
     assert roc_auc_score(labels, probabilities) > 0.7
+    # TF Serving's warm-up requests ride along in the version (components/warmup.py).
+    assert storage.list_files(f"{summary.pushed_path}/{warmup.WARMUP_PATH}")
     record = registry.read_record(config.serving_model_dir, 1)
     assert record["span"] == 0 and list(record["spans"]) == ["0"]
     assert record["metrics"]["overall"]["auc"] == pytest.approx(summary.metrics["overall"]["auc"])

@@ -165,7 +165,7 @@ def test_classify_and_regress_take_examples_as_json_objects(served):
     body = {"signature_name": SERVING_SIGNATURE, "context": {"company": typed[0]["company"]},
             "examples": own}  # fmt: skip
     status, answer = call(served, "POST", f"/v1/models/{MODEL}:regress", body)
-    assert status == 200 and answer["result"][0] == pytest.approx(served["expected"][0], abs=1e-6)
+    assert status == 200 and answer["results"][0] == pytest.approx(served["expected"][0], abs=1e-6)
 
 
 # -- bad input: 4xx in TF Serving's error shape, and the server keeps serving ----------------

@@ -25,6 +25,7 @@ import jsonschema
 import pytest
 import yaml
 
+from pipelines.cli import build_parser, cmd_serving_sync
 from pipelines.config import REPO_ROOT, PipelineConfig
 
 SCHEMAS = REPO_ROOT / "tests" / "schemas"
@@ -252,7 +253,7 @@ def sync_options(container: dict) -> dict[str, str | bool]:
     return options
 
 
-def mount_path(container: dict, volume: str) -> dict:
+def mount_of(container: dict, volume: str) -> dict:
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume]
     return mount
 
@@ -300,10 +301,6 @@ def test_manifest_validates_against_its_pinned_schema(path, kind):
 def test_each_file_holds_exactly_the_expected_objects():
     assert [d["kind"] for d in documents(TF_SERVING_YAML)] == ["Deployment", "Service"]
     assert [d["kind"] for d in documents(ISVC_YAML)] == ["InferenceService"]
-
-
-def _pod_path(path: Path) -> str:
-    return "$.spec.template.spec" if path == TF_SERVING_YAML else "$.spec.predictor"
 
 
 def _pod(document: dict) -> dict:
@@ -493,7 +490,7 @@ def test_sync_containers_write_where_tf_serving_reads_its_model_config(manifest)
     server = tf_serving(pod)
     config_dir = str(Path(flags(server)["model_config_file"]).parent)
     (volume,) = [m["name"] for m in server["volumeMounts"] if m["mountPath"] == config_dir]
-    assert mount_path(server, volume).get("readOnly") is True
+    assert mount_of(server, volume).get("readOnly") is True
     assert "emptyDir" in {v["name"]: v for v in pod["volumes"]}[volume]
 
     (init,) = pod["initContainers"]
@@ -502,11 +499,20 @@ def test_sync_containers_write_where_tf_serving_reads_its_model_config(manifest)
     assert sync_options(init) == {"target": config_dir, "once": True}
     assert sync_options(sidecar) == {"target": config_dir, "interval": "10"}
     for container in (init, sidecar):
-        mount = mount_path(container, volume)
+        mount = mount_of(container, volume)
         assert mount["mountPath"] == config_dir and not mount.get("readOnly")
         env = {v["name"]: v.get("value") for v in container["env"]}
         assert env["PIPELINE_WORK_DIR"] == "/tmp/tkp" and env["HOME"] == "/tmp"
         assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
+
+
+@pytest.mark.parametrize("manifest", ["tf-serving.yaml", "inferenceservice.yaml"])
+def test_the_sync_commands_are_what_the_cli_accepts(manifest):
+    for container in sync_containers(pod_specs()[manifest]):
+        command = container["command"]
+        args = build_parser().parse_args(command[1:])
+        assert args.handler is cmd_serving_sync and args.target == "/models", command
+        assert args.once or args.interval == 10, command
 
 
 @pytest.mark.parametrize("manifest", ["tf-serving.yaml", "inferenceservice.yaml"])
@@ -520,11 +526,8 @@ def test_names_are_unique_and_every_mount_has_its_volume(manifest):
     for container in containers:
         assert {m["name"] for m in container["volumeMounts"]} <= set(volumes)
         ports = container.get("ports", [])
-        assert (
-            len({p["name"] for p in ports})
-            == len({p["containerPort"] for p in ports})
-            == len(ports)
-        )
+        assert len(ports) == len({p["name"] for p in ports})
+        assert len(ports) == len({p["containerPort"] for p in ports})
 
 
 def test_service_routes_grpc_and_http_to_the_deployment_pods():
@@ -605,9 +608,7 @@ def test_no_secret_object_and_no_credential_value(path):
     for container in all_containers(path):
         for variable in container.get("env", []):
             if "value" in variable:  # written down: only settings, never a credential
-                assert variable["name"] in ("PIPELINE_WORK_DIR", "HOME") or variable[
-                    "name"
-                ].startswith("PIPELINE_"), variable
+                assert variable["name"] == "HOME" or variable["name"].startswith("PIPELINE_")
             else:
                 assert set(variable["valueFrom"]) == {"secretKeyRef"}, variable
     text = path.read_text()
