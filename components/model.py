@@ -99,16 +99,18 @@ def _restore_latest(model: tf.keras.Model, checkpoint_dir: str) -> int:
 
 
 # Signatures of the exported SavedModel, as TF Serving's REST API reaches them:
-# - SERVING_SIGNATURE takes serialized raw tf.Examples and returns {"outputs": [batch, 1]}
-#   P(big tip): `:predict` with base64 examples, and `:regress` (one string input, a float
-#   "outputs"); TFMA evaluates through it.
-# - CLASSIFY_SIGNATURE takes the same examples and returns "classes" ["0", "1"] and their
-#   "scores": what `:classify` requires.
+# - SERVING_SIGNATURE takes serialized raw tf.Examples ("examples") and returns {"outputs":
+#   [batch, 1]} P(big tip): `:predict` with base64 examples (the TFX convention); TFMA
+#   evaluates through it.
+# - CLASSIFY_SIGNATURE and REGRESS_SIGNATURE take the same examples under the name "inputs",
+#   which TF Serving's :classify and :regress require (classifier.cc, regressor.cc): "classes"
+#   ["0", "1"] and their "scores"; "outputs" [batch, 1].
 # - RAW_SIGNATURE takes one [batch] tensor per raw feature: `:predict` with plain JSON values.
 #   Every feature is required there (TF Serving wants every input of a signature); an optional
 #   feature says "missing" with the value preprocessing_fn gives a missing one ("" or 0).
 SERVING_SIGNATURE = "serving_default"
 CLASSIFY_SIGNATURE = "classify"
+REGRESS_SIGNATURE = "regress"
 RAW_SIGNATURE = "raw_features"
 TRANSFORM_SIGNATURE = "transform_features"
 CLASS_LABELS = ("0", "1")
@@ -132,12 +134,18 @@ def _export(model: tf.keras.Model, tf_transform_output, serving_model_dir: str) 
     def serve(examples):
         return {"outputs": probability(tf.io.parse_example(examples, serving_spec))}
 
-    @tf.function(input_signature=[examples_spec])
-    def classify(examples):
-        p = probability(tf.io.parse_example(examples, serving_spec))
+    inputs_spec = tf.TensorSpec([None], tf.string, name="inputs")
+
+    @tf.function(input_signature=[inputs_spec])
+    def classify(inputs):
+        p = probability(tf.io.parse_example(inputs, serving_spec))
         scores = tf.concat([1.0 - p, p], axis=1)
         classes = tf.tile(tf.constant([CLASS_LABELS]), [tf.shape(p)[0], 1])
         return {"classes": classes, "scores": scores}
+
+    @tf.function(input_signature=[inputs_spec])
+    def regress(inputs):
+        return {"outputs": probability(tf.io.parse_example(inputs, serving_spec))}
 
     raw_inputs = {
         key: tf.TensorSpec([None], spec.dtype, name=key) for key, spec in serving_spec.items()
@@ -161,6 +169,7 @@ def _export(model: tf.keras.Model, tf_transform_output, serving_model_dir: str) 
     signatures = {
         SERVING_SIGNATURE: serve,
         CLASSIFY_SIGNATURE: classify,
+        REGRESS_SIGNATURE: regress,
         RAW_SIGNATURE: raw_features.get_concrete_function(**raw_inputs),
         TRANSFORM_SIGNATURE: transform_features,
     }

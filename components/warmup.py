@@ -20,7 +20,12 @@ from tensorflow.core.protobuf import saved_model_pb2  # noqa: E402
 from tensorflow_serving.apis import prediction_log_pb2  # noqa: E402
 
 from components import features  # noqa: E402
-from components.model import CLASSIFY_SIGNATURE, RAW_SIGNATURE, SERVING_SIGNATURE  # noqa: E402
+from components.model import (  # noqa: E402
+    CLASSIFY_SIGNATURE,
+    RAW_SIGNATURE,
+    REGRESS_SIGNATURE,
+    SERVING_SIGNATURE,
+)
 from pipelines import storage  # noqa: E402
 
 WARMUP_PATH = "assets.extra/tf_serving_warmup_requests"
@@ -66,34 +71,32 @@ def _raw_columns(rows: list[tf.train.Example], inputs) -> dict[str, tf.Tensor]:
 
 def warmup_records(model_name: str, saved_model_pb: bytes, rows: list[tf.train.Example]) -> bytes:
     """The warm-up file's content for a version whose saved_model.pb is `saved_model_pb`:
-    only requests for signatures it has."""
+    only requests for signatures it has (a request TF Serving refuses fails the version's load,
+    so a model exported before a signature existed must not be warmed up through it)."""
     signatures = saved_model_pb2.SavedModel.FromString(saved_model_pb).meta_graphs[0].signature_def
     serialized = tf.constant([row.SerializeToString() for row in rows])
     logs = []
+
+    def request(kind: str, signature: str):
+        log = prediction_log_pb2.PredictionLog()
+        logs.append(log)
+        message = getattr(log, kind).request
+        message.model_spec.name, message.model_spec.signature_name = model_name, signature
+        return message
+
     for batch in (serialized[:1], serialized):
-        log = prediction_log_pb2.PredictionLog()
-        request = log.predict_log.request
-        request.model_spec.name, request.model_spec.signature_name = model_name, SERVING_SIGNATURE
-        request.inputs["examples"].CopyFrom(tf.make_tensor_proto(batch))
-        logs.append(log)
-    if CLASSIFY_SIGNATURE in signatures:
-        log = prediction_log_pb2.PredictionLog()
-        request = log.classify_log.request
-        request.model_spec.name, request.model_spec.signature_name = model_name, CLASSIFY_SIGNATURE
-        request.input.example_list.examples.extend(rows)
-        logs.append(log)
-    log = prediction_log_pb2.PredictionLog()
-    request = log.regress_log.request
-    request.model_spec.name, request.model_spec.signature_name = model_name, SERVING_SIGNATURE
-    request.input.example_list.examples.extend(rows)
-    logs.append(log)
+        predict = request("predict_log", SERVING_SIGNATURE)
+        predict.inputs["examples"].CopyFrom(tf.make_tensor_proto(batch))
+    for kind, signature in (
+        ("classify_log", CLASSIFY_SIGNATURE),
+        ("regress_log", REGRESS_SIGNATURE),
+    ):
+        if signature in signatures:
+            request(kind, signature).input.example_list.examples.extend(rows)
     if RAW_SIGNATURE in signatures:
-        log = prediction_log_pb2.PredictionLog()
-        request = log.predict_log.request
-        request.model_spec.name, request.model_spec.signature_name = model_name, RAW_SIGNATURE
+        predict = request("predict_log", RAW_SIGNATURE)
         for name, tensor in _raw_columns(rows, signatures[RAW_SIGNATURE].inputs).items():
-            request.inputs[name].CopyFrom(tf.make_tensor_proto(tensor))
-        logs.append(log)
+            predict.inputs[name].CopyFrom(tf.make_tensor_proto(tensor))
     with tempfile.NamedTemporaryFile(suffix=".tfrecord") as local:
         with tf.io.TFRecordWriter(local.name) as writer:
             for log in logs:

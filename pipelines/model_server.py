@@ -51,18 +51,30 @@ class ModelManager:
         self.cache_dir, self.poll_seconds = Path(cache_dir), poll_seconds
         self.current: Servable | None = None
         self.states: dict[int, tuple[int, str, str]] = {}  # version: (state, code, message)
-        self._failed: set[int] = set()
+        self._failed: int | None = None  # the pinned version that failed to load
         self._stop = threading.Event()
+        self._client, self._last_state = None, None  # see serving_sync.store_state
         self._thread: threading.Thread | None = None
         self.on_change = lambda line: None  # where the poller reports (the console)
 
     # -- the poller -----------------------------------------------------------------------------
 
     def poll(self) -> None:
-        """One round: mirror the store, then load the pinned version if it is new."""
+        """One round: mirror the store, then load the pinned version if it is new. Nothing is
+        done while the store shows the same config file and versions as last time."""
+        if self._client is None and self.source.startswith("s3://"):
+            from pipelines.object_store import s3_client
+
+            self._client = s3_client()
+        state = serving_sync.store_state(self.source, self._client)
+        if state is not None and state == self._last_state:
+            return
         result = serving_sync.sync_once(self.source, self.model_name, self.cache_dir)
+        self._last_state = state
         wanted = result.served
-        if wanted is None or wanted in self._failed:
+        if wanted != self._failed:
+            self._failed = None  # pinned again later, a failed version is tried again
+        if wanted is None or wanted == self._failed:
             return
         if self.current is not None and self.current.version == wanted:
             return
@@ -73,9 +85,8 @@ class ModelManager:
             servable = Servable(self.model_name, wanted, path)
             warmed = servable.warm_up()
         except Exception as e:  # a broken SavedModel raises many kinds of errors
-            self._failed.add(wanted)
-            code = e.code if isinstance(e, ServingError) else "UNKNOWN"
-            message = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+            self._failed = wanted
+            code, message = _load_error(e)
             self.states[wanted] = (_STATES.END, code, message)
             kept = f"version {self.current.version} keeps serving" if self.current else (
                 "nothing serves")  # fmt: skip
@@ -112,27 +123,24 @@ class ModelManager:
         if name != self.model_name:
             raise ServingError("NOT_FOUND", f"Servable not found for request: {what}")
 
-    def servable(self, name: str, version: str | None, label: str | None) -> Servable:
-        if version and label:
-            raise invalid(f"Both model version ({version}) and model version label ({label}) "
-                          "cannot be supplied.")  # fmt: skip
-        if label:
+    def servable(self, name: str, version: int | None, label: str | None) -> Servable:
+        if label:  # no labels are configured (server_core.cc GetModelVersionForLabel)
             raise invalid(f"Unrecognized servable version label: {label}")
-        what = f"Specific({name}, {int(version)})" if version else f"Latest({name})"
+        what = f"Specific({name}, {version})" if version is not None else f"Latest({name})"
         self._check_model(name, what)
         current = self.current
-        if current is None or (version and int(version) != current.version):
+        if current is None or (version is not None and version != current.version):
             raise ServingError("NOT_FOUND", f"Servable not found for request: {what}")
         return current
 
-    def status(self, name: str, version: str | None) -> dict:
+    def status(self, name: str, version: int | None) -> dict:
         """GetModelStatusImpl: every version this server knows of, or the one asked for."""
         known = {v: s for v, s in self.states.items() if name == self.model_name}
         if version is not None:
-            if int(version) not in known:
-                raise ServingError("NOT_FOUND", f"Could not find version {int(version)} of "
+            if version not in known:
+                raise ServingError("NOT_FOUND", f"Could not find version {version} of "
                                    f"model {name}")  # fmt: skip
-            known = {int(version): known[int(version)]}
+            known = {version: known[version]}
         if not known:
             raise ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
         response = get_model_status_pb2.GetModelStatusResponse()
@@ -141,6 +149,22 @@ class ModelManager:
             entry.status.error_code = _error_code(code)
             entry.status.error_message = message
         return json_format.MessageToDict(response, including_default_value_fields=True)
+
+
+def _load_error(error: Exception) -> tuple[str, str]:
+    """The code and message a failed load reports in the model status."""
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+
+    if isinstance(error, ServingError):
+        return error.code, error.message
+    if isinstance(error, tf.errors.OpError):
+        from pipelines.servable import _code_name
+
+        return _code_name(error), error.message.strip()
+    if isinstance(error, DecodeError):  # saved_model.pb is not a SavedModel
+        return "DATA_LOSS", f"Can't parse saved_model.pb as binary proto: {error}"
+    return "UNKNOWN", f"{type(error).__name__}: {error}"
 
 
 def _error_code(name: str) -> int:
@@ -154,27 +178,46 @@ def _error_code(name: str) -> int:
 
 
 def handle(manager: ModelManager, method: str, path: str, body: bytes) -> tuple[int, dict]:
-    """HttpRestApiHandler::ProcessRequest: (HTTP status, JSON body) for one request."""
+    """HttpRestApiHandler::ProcessRequest: (HTTP status, JSON body) for one request. Every
+    failure answers in TF Serving's shape, an unexpected one as a 500 (its traceback logged)."""
     try:
         return 200, _dispatch(manager, method, path, body)
     except ServingError as e:
         return e.http_status, {"error": e.message}
+    except Exception as e:  # a bug here or an odd model: still {"error": ...}, never HTML
+        _log.exception("request %s %s failed", method, path)
+        return 500, {"error": f"{type(e).__name__}: {e}"}
+
+
+def _version(text: str | None) -> int | None:
+    if not text:
+        return None
+    if not text.isascii() or int(text) >= 2**63:
+        raise invalid(f"Failed to convert version: {text} to numeric.")
+    return int(text)
 
 
 def _dispatch(manager: ModelManager, method: str, path: str, body: bytes) -> dict:
+    """The checks in TF Serving's order: the path, then the body (for :predict up to the
+    signature, which needs the servable), then the servable."""
     malformed = invalid(f"Malformed request: {method} {path}")
     if method == "POST":
         match = PREDICTION_PATH.fullmatch(path)
         if not match or match.group(4) not in ("predict", "classify", "regress"):
             raise malformed
         name, version, label, api = match.groups()
-        servable = manager.servable(name, version, label)
+        version = _version(version)
+        if version is not None and label:
+            raise invalid(f"Both model version ({version}) and model version label ({label}) "
+                          "cannot be supplied.")  # fmt: skip
         doc = tfs_json.parse(body)
         if api == "predict":
-            inputs = servable.input_types(tfs_json.signature_name(doc))
-            request, form = tfs_json.predict_request(doc, inputs)
+            signature = tfs_json.signature_name(doc)
+            servable = manager.servable(name, version, label)
+            request, form = tfs_json.predict_request(doc, servable.input_types(signature))
             return tfs_json.predict_response(servable.predict(request), form)
         request = tfs_json.examples_request(doc, api)
+        servable = manager.servable(name, version, label)
         if api == "classify":
             return tfs_json.classify_response(servable.classify(request))
         return tfs_json.regress_response(servable.regress(request))
@@ -182,6 +225,7 @@ def _dispatch(manager: ModelManager, method: str, path: str, body: bytes) -> dic
     if not match:
         raise malformed
     name, version, label, subresource = match.groups()
+    version = _version(version)
     if not name:
         raise invalid("Missing model name in request.")
     if subresource == "metadata":
@@ -189,8 +233,7 @@ def _dispatch(manager: ModelManager, method: str, path: str, body: bytes) -> dic
         spec = json_format.MessageToDict(metadata.model_spec, True, True)
         signatures = get_signature_map(metadata)
         return {"model_spec": spec, "metadata": {"signature_def": signatures}}
-    if label:
-        raise invalid(f"Unrecognized servable version label: {label}")
+    # GetModelStatusImpl reads only the version: a label lists every version.
     return manager.status(name, version)
 
 

@@ -12,12 +12,16 @@ warm-up fails does not load.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from google.protobuf import any_pb2  # noqa: E402
+from google.protobuf import any_pb2, text_format  # noqa: E402
+from google.protobuf.message import DecodeError  # noqa: E402
+from tensorflow.core.framework import types_pb2  # noqa: E402
 from tensorflow.core.protobuf import saved_model_pb2  # noqa: E402
 from tensorflow_serving.apis import (  # noqa: E402
     classification_pb2,
@@ -41,7 +45,10 @@ class Servable:
         self.model_name, self.version, self.path = model_name, version, Path(path)
         saved_model = saved_model_pb2.SavedModel.FromString((self.path / "saved_model.pb")
                                                             .read_bytes())  # fmt: skip
-        self.signature_defs = saved_model.meta_graphs[0].signature_def
+        serve = [g for g in saved_model.meta_graphs if "serve" in g.meta_info_def.tags]
+        if not serve:
+            raise ServingError("NOT_FOUND", f"no MetaGraphDef tagged 'serve' in {self.path}")
+        self.signature_defs = serve[0].signature_def
         self._model = tf.saved_model.load(str(self.path))
         self._functions = dict(self._model.signatures)
 
@@ -72,7 +79,7 @@ class Servable:
         try:
             return self._functions[signature](**inputs)
         except tf.errors.OpError as e:
-            raise ServingError(_code_name(e), e.message) from e
+            raise ServingError(_code_name(e), _session_message(e.message)) from e
         except (TypeError, ValueError) as e:  # shape or dtype refused when the graph is called
             raise invalid(str(e).splitlines()[0]) from e
 
@@ -82,14 +89,19 @@ class Servable:
             raise ServingError("FAILED_PRECONDITION", f'Serving signature key "{name}" not found.')
         signature = self.signature_defs[name]
         sent, wanted = set(request.inputs), set(signature.inputs)
-        if sent != wanted:  # VerifyRequestInputsSize (no signature here has defaults)
-            raise invalid(
+        if len(sent) > len(wanted) or (len(sent) < len(wanted) and not signature.defaults):
+            raise invalid(  # predict_util.cc VerifyRequestInputsSize
                 f"input size does not match signature: {len(sent)}!={len(wanted)} "
                 f"len({{{','.join(sorted(sent))}}}) != len({{{','.join(sorted(wanted))}}}). "
                 f"Sent extra: {{{','.join(sorted(sent - wanted))}}}. Missing but required: "
                 f"{{{','.join(sorted(wanted - sent))}}}."
             )
-        for alias in request.output_filter:
+        for alias in sorted(sent - wanted):  # saved_model::GetInputValues
+            raise invalid(f"input tensor alias not found in signature: {alias}. Inputs expected "
+                          f"to be in the set {{{','.join(sorted(wanted))}}}.")  # fmt: skip
+        for index, alias in enumerate(request.output_filter):
+            if alias in request.output_filter[:index]:
+                raise invalid(f"duplicate output tensor alias: {alias}")
             if alias not in signature.outputs:
                 known = ",".join(sorted(signature.outputs))
                 raise invalid(f"output tensor alias not found in signature: {alias} Outputs "
@@ -102,16 +114,24 @@ class Servable:
             response.outputs[alias].CopyFrom(tf.make_tensor_proto(outputs[alias].numpy()))
         return response
 
-    def _examples(self, request) -> tuple[str, dict[str, tf.Tensor]]:
-        """The signature and its one input: the request's examples, serialized (util.cc
-        InputToSerializedExampleTensor: with a context, context bytes + example bytes, which
-        parse as the example merged over the context)."""
+    def _examples(self, request, api: str) -> tuple[str, dict[str, tf.Tensor]]:
+        """The signature and its input, named "inputs" as classifier.cc and regressor.cc
+        require: the request's examples serialized (util.cc InputToSerializedExampleTensor:
+        with a context, context bytes + example bytes, which parse as the example merged over
+        the context)."""
         name = request.model_spec.signature_name or DEFAULT_SIGNATURE
         if name not in self.signature_defs:
             raise invalid(f"No signature was found with the name: {name}")
         signature = self.signature_defs[name]
         if len(signature.inputs) != 1:
             raise invalid("Expected one input Tensor.")
+        wanted_outputs = (1, 2) if api == "classification" else (1,)
+        count = len(signature.outputs)
+        if count not in wanted_outputs:
+            raise invalid("Expected one output Tensor." if api == "regression" else
+                          f"Expected one or two output Tensors, found {count}")  # fmt: skip
+        if "inputs" not in signature.inputs:
+            raise invalid(f"No {api} inputs found in SignatureDef: {_debug(signature)}")
         kind = request.input.WhichOneof("kind")
         if kind == "example_list_with_context":
             context = request.input.example_list_with_context.context.SerializeToString()
@@ -121,24 +141,34 @@ class Servable:
             serialized = [e.SerializeToString() for e in request.input.example_list.examples]
         if not serialized:
             raise invalid("Input is empty.")
-        return name, {next(iter(signature.inputs)): tf.constant(serialized)}
+        return name, {"inputs": tf.constant(serialized)}
 
     def classify(self, request: classification_pb2.ClassificationRequest):
-        name, inputs = self._examples(request)
-        outputs_wanted = set(self.signature_defs[name].outputs)
-        if len(outputs_wanted) not in (1, 2):
-            raise invalid(f"Expected one or two output Tensors, found {len(outputs_wanted)}")
-        if not outputs_wanted & {"classes", "scores"}:
-            raise invalid('Expected classification signature outputs to contain at least one '
-                          'of "classes" or "scores". Signature was: ' + name)  # fmt: skip
+        name, inputs = self._examples(request, "classification")
+        signature = self.signature_defs[name]
+        if not set(signature.outputs) & {"classes", "scores"}:
+            raise invalid('Expected classification signature outputs to contain at least one of '
+                          f'"classes" or "scores". Signature was: {_debug(signature)}')  # fmt: skip
         outputs = self._run(name, inputs)
-        count = int(inputs[next(iter(inputs))].shape[0])
+        count = int(inputs["inputs"].shape[0])
         classes = outputs["classes"].numpy() if "classes" in outputs else None
         scores = outputs["scores"].numpy() if "scores" in outputs else None
-        for tensor, kind in ((classes, "classes"), (scores, "scores")):
-            if tensor is not None and (tensor.ndim != 2 or tensor.shape[0] != count):
-                raise invalid(f"Expected {kind} Tensor shape: [batch_size num_classes] of batch "
-                              f"size {count} but got {list(tensor.shape)}")  # fmt: skip
+        for tensor, kind, dtype in ((classes, "classes", object), (scores, "scores", np.float32)):
+            if tensor is None:
+                continue
+            if tensor.ndim != 2:
+                raise invalid(f"Expected Tensor shape: [batch_size num_classes] but got "
+                              f"{_shape(tensor)}")  # fmt: skip
+            if tensor.dtype != dtype:
+                want = "DT_STRING" if kind == "classes" else "DT_FLOAT"
+                got = tf.dtypes.as_dtype(tensor.dtype).as_datatype_enum
+                raise invalid(f"Expected {kind} Tensor of {want}. Got: {_dtype(got)}")
+            if tensor.shape[0] != count:
+                raise invalid(f"Expected {kind} output batch size of {count}. Got: "
+                              f"{tensor.shape[0]}")  # fmt: skip
+        if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
+            raise invalid(f"Tensors class and score should match in dim_size(1). Got "
+                          f"{classes.shape[1]} vs. {scores.shape[1]}")  # fmt: skip
         response = classification_pb2.ClassificationResponse()
         self._spec(response.model_spec, name)
         width = (classes if classes is not None else scores).shape[1]
@@ -147,28 +177,30 @@ class Servable:
             for column in range(width):
                 entry = item.classes.add()
                 if classes is not None:
-                    entry.label = classes[row, column].decode()
+                    entry.label = classes[row, column]
                 if scores is not None:
                     entry.score = float(scores[row, column])
         return response
 
     def regress(self, request: regression_pb2.RegressionRequest):
-        name, inputs = self._examples(request)
-        if len(self.signature_defs[name].outputs) != 1:
-            raise invalid("Expected one output Tensor.")
+        name, inputs = self._examples(request, "regression")
         if "outputs" not in self.signature_defs[name].outputs:
-            raise ServingError("FAILED_PRECONDITION", "No regression outputs found in "
-                               f"SignatureDef: {name}")  # fmt: skip
-        values = self._run(name, inputs)["outputs"]
-        count = int(inputs[next(iter(inputs))].shape[0])
-        if not (values.shape.rank == 1 or (values.shape.rank == 2 and values.shape[1] == 1)):
+            raise invalid(f"No regression outputs found in SignatureDef: "
+                          f"{_debug(self.signature_defs[name])}")  # fmt: skip
+        values = self._run(name, inputs)["outputs"].numpy()
+        count = int(inputs["inputs"].shape[0])
+        if not (values.ndim == 1 or (values.ndim == 2 and values.shape[1] == 1)):
             raise invalid("Expected output Tensor shape to be either [batch_size] or "
-                          f"[batch_size, 1] but got {values.shape}")  # fmt: skip
-        if values.dtype != tf.float32:
-            raise invalid(f"Expected output Tensor of DT_FLOAT.  Got: {values.dtype.name}")
+                          f"[batch_size, 1] but got {_shape(values)}")  # fmt: skip
+        if values.shape[0] != count:
+            raise invalid(f"Input batch size did not match output batch size: {count} vs. "
+                          f"{values.shape[0]}")  # fmt: skip
+        if values.dtype != np.float32:
+            got = _dtype(tf.dtypes.as_dtype(values.dtype).as_datatype_enum)
+            raise invalid(f"Expected output Tensor of DT_FLOAT.  Got: {got}")
         response = regression_pb2.RegressionResponse()
         self._spec(response.model_spec, name)
-        for value in values.numpy().reshape(count):
+        for value in values.reshape(count):
             response.result.regressions.add().value = float(value)
         return response
 
@@ -185,7 +217,10 @@ class Servable:
             return 0
         count = 0
         for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
-            log = prediction_log_pb2.PredictionLog.FromString(record)
+            try:
+                log = prediction_log_pb2.PredictionLog.FromString(record)
+            except DecodeError as e:
+                raise invalid(f"Failed to parse warmup record: {record[:64]!r} from {path}") from e
             kind = log.WhichOneof("log_type")
             if kind == "predict_log":
                 self.predict(log.predict_log.request)
@@ -193,7 +228,7 @@ class Servable:
                 self.classify(log.classify_log.request)
             elif kind == "regress_log":
                 self.regress(log.regress_log.request)
-            else:
+            elif kind is not None:  # multi_inference_log and session_log: not played here
                 raise ServingError("UNIMPLEMENTED", f"Unsupported log_type for warmup: {kind}")
             count += 1
             if count > MAX_WARMUP_RECORDS:
@@ -206,6 +241,29 @@ class Servable:
 _CODES = ("OK CANCELLED UNKNOWN INVALID_ARGUMENT DEADLINE_EXCEEDED NOT_FOUND ALREADY_EXISTS "
           "PERMISSION_DENIED RESOURCE_EXHAUSTED FAILED_PRECONDITION ABORTED OUT_OF_RANGE "
           "UNIMPLEMENTED INTERNAL UNAVAILABLE DATA_LOSS UNAUTHENTICATED").split()  # fmt: skip
+
+
+def _session_message(message: str) -> str:
+    """The error as TF Serving's Session::Run reports it: without the eager runtime's
+    "Graph execution error" / "Detected at node" preamble and its "[Op:__inference_...]" tail."""
+    lines = [line for line in message.splitlines()
+             if line.strip() and not line.startswith(("Graph execution error", "Detected at node"))
+             and "stack traces unavailable" not in line]  # fmt: skip
+    text = "\n".join(lines)
+    return re.sub(r"\s*\[Op:__inference_[^\]]*\]$", "", text)
+
+
+def _debug(signature) -> str:
+    """SignatureDef::DebugString, as TF Serving quotes a signature in its messages."""
+    return text_format.MessageToString(signature)
+
+
+def _shape(array: np.ndarray) -> str:
+    return "[" + ",".join(str(d) for d in array.shape) + "]"
+
+
+def _dtype(enum: int) -> str:
+    return types_pb2.DataType.Name(enum)
 
 
 def _code_name(error: tf.errors.OpError) -> str:

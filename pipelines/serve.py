@@ -54,8 +54,13 @@ def _json(status: int, payload: dict) -> Response:
 def create_app(manager: ModelManager, max_request_bytes: int) -> FastAPI:
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-    async def tf_serving_api(request: Request) -> Response:
+    # Every /v1/ path, in any case, as TF Serving's kPathRegex `(?i)/v1/.*`.
+    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+
+    @app.api_route("/{prefix:path}", methods=methods)
+    async def tf_serving_api(request: Request, prefix: str) -> Response:
+        if not prefix.lower().startswith("v1/"):
+            return Response(status_code=404)
         try:
             body = await _body(request, max_request_bytes)
         except _TooLarge as e:

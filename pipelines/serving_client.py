@@ -15,7 +15,12 @@ import requests
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components import features
-from components.model import CLASSIFY_SIGNATURE, RAW_SIGNATURE, SERVING_SIGNATURE
+from components.model import (
+    CLASSIFY_SIGNATURE,
+    RAW_SIGNATURE,
+    REGRESS_SIGNATURE,
+    SERVING_SIGNATURE,
+)
 
 
 class ServingRequestError(RuntimeError):
@@ -65,10 +70,10 @@ class ServingClient:
         return self._call("GET", self.url(version))["model_version_status"]
 
     def serving_version(self) -> int | None:
-        """The version in state AVAILABLE, or None."""
+        """The version in state AVAILABLE, or None (also while the server is not up yet)."""
         try:
             available = [int(s["version"]) for s in self.status() if s["state"] == "AVAILABLE"]
-        except ServingRequestError:
+        except (ServingRequestError, requests.ConnectionError):
             return None
         return max(available, default=None)
 
@@ -108,6 +113,6 @@ class ServingClient:
         return self._call("POST", self.url(version, ":classify"), body)["results"]
 
     def regress(self, rows: list[dict[str, str]], version: int | None = None) -> list:
-        """P(big tip) per row through :regress (the serving_default signature)."""
-        body = {"signature_name": SERVING_SIGNATURE, "examples": [_typed(r) for r in rows]}
+        """P(big tip) per row through :regress (the `regress` signature)."""
+        body = {"signature_name": REGRESS_SIGNATURE, "examples": [_typed(r) for r in rows]}
         return self._call("POST", self.url(version, ":regress"), body)["results"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -95,10 +96,14 @@ def _is_b64(value: Any) -> bool:
 
 
 def _b64(value: Any) -> bytes:
+    """absl::Base64Unescape: whitespace ignored, padding ('=' or '.') optional."""
     if not _is_b64(value):
         raise invalid(f"JSON Value: {_show(value)} not formatted correctly for base64 data")
+    text = re.sub(r"\s+", "", value["b64"]).rstrip("=.")
+    if len(text) % 4 == 1 or not re.fullmatch(r"[A-Za-z0-9+/]*", text):
+        raise invalid("Unable to base64 decode")
     try:
-        return base64.b64decode(value["b64"], validate=True)
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except (binascii.Error, ValueError) as e:
         raise invalid("Unable to base64 decode") from e
 
@@ -162,7 +167,7 @@ def _tensor(values: list, shape: list[int], dtype: int):
 def _instances(instances: list, inputs: dict[str, int]) -> dict:
     """FillTensorMapFromInstancesList: a list of values for a one-input signature, else a list
     of objects with exactly the signature's input names."""
-    if not (isinstance(instances[0], dict) and not _is_b64(instances[0])) and len(inputs) > 1:
+    if not isinstance(instances[0], dict) and len(inputs) > 1:  # IsObject, b64 objects too
         raise invalid("instances is a plain list, but expecting list of objects as multiple "
                       "input tensors required as per tensorinfo_map")  # fmt: skip
     objects = isinstance(instances[0], dict) and not _is_b64(instances[0])
@@ -233,6 +238,9 @@ def predict_request(doc: dict, inputs: dict[str, int]) -> tuple[predict_pb2.Pred
     maps the signature's input names to their dtypes."""
     request = predict_pb2.PredictRequest()
     request.model_spec.signature_name = signature_name(doc)
+    if not inputs:
+        raise invalid("Failed to get input map for signature: "
+                      f"{request.model_spec.signature_name or 'DEFAULT'}")  # fmt: skip
     both = ("Not formatted correctly expecting only one of 'inputs' or 'instances' keys to "
             "exist ")  # fmt: skip
     if "instances" in doc:
@@ -320,15 +328,30 @@ def examples_request(doc: dict, method: str):
 # ---------------------------------------------------------------------------------------------
 
 
+def write_decimal(value: float, float32: bool = True) -> float:
+    """WriteDecimal: %g, or %.9g (%.17g for a double) when %g does not read back as the same
+    number. Returned as the float parsed from that text, whose repr (what json writes) is that
+    text again; NaN and Infinity stay as they are (json writes them as bare words, as TF
+    Serving does)."""
+    value = float(value)
+    if not np.isfinite(value):
+        return value
+    text = f"{value:g}"
+    same = np.float32(float(text)) == np.float32(value) if float32 else float(text) == value
+    return float(text if same else f"{value:.{9 if float32 else 17}g}")
+
+
 def _values(array: np.ndarray, as_bytes: bool) -> Any:
-    """AddTensorValues: floats as their shortest decimal (WriteDecimal), strings as text or, for
-    an output named *_bytes, as {"b64": ...}."""
+    """AddTensorValues: numbers as WriteDecimal writes them, strings as text or, for an output
+    named *_bytes, as {"b64": ...}."""
     if array.dtype == object:
         convert = (lambda b: {"b64": base64.b64encode(b).decode()}) if as_bytes else (
             lambda b: b.decode("utf-8", errors="replace"))  # fmt: skip
-        return np.vectorize(convert, otypes=[object])(array).tolist() if array.size else []
-    if array.dtype == np.float32:
-        return np.vectorize(lambda v: float(str(v)), otypes=[float])(array).tolist()
+        return np.vectorize(convert, otypes=[object])(array).tolist() if array.size else (
+            np.empty(array.shape).tolist())  # fmt: skip
+    if array.dtype in (np.float32, np.float64):
+        float32 = array.dtype == np.float32
+        return np.vectorize(lambda v: write_decimal(v, float32), otypes=[object])(array).tolist()
     return array.tolist()
 
 
@@ -341,12 +364,17 @@ def predict_response(response: predict_pb2.PredictResponse, form: str) -> dict:
     values = {n: _values(a, n.endswith("_bytes") and a.dtype == object) for n, a in arrays.items()}
     if form == "columnar":
         return {"outputs": next(iter(values.values())) if len(values) == 1 else values}
-    sizes = {len(a) for a in arrays.values() if a.ndim}
-    if len(sizes) != 1:
-        raise invalid("Tensor name: outputs has inconsistent batch size")
+    batch = None
+    for name, array in arrays.items():
+        if array.ndim == 0:
+            raise invalid(f"Tensor name: {name} has no shape information ")
+        if batch is not None and len(array) != batch:
+            raise invalid(f"Tensor name: {name} has inconsistent batch size: {len(array)} "
+                          f"expecting: {batch}")  # fmt: skip
+        batch = len(array)
     if len(values) == 1:
         return {"predictions": next(iter(values.values()))}
-    return {"predictions": [{n: v[i] for n, v in values.items()} for i in range(sizes.pop())]}
+    return {"predictions": [{n: v[i] for n, v in values.items()} for i in range(batch)]}
 
 
 # kClassifyRegressResponseKey is "results" (plural), for both APIs.
@@ -355,11 +383,11 @@ def predict_response(response: predict_pb2.PredictResponse, form: str) -> dict:
 def classify_response(response: classification_pb2.ClassificationResponse) -> dict:
     if not response.result.classifications:
         raise invalid("Cannot convert empty ClassificationResults to JSON")
-    return {"results": [[[c.label, float(str(np.float32(c.score)))] for c in item.classes]
+    return {"results": [[[c.label, write_decimal(c.score)] for c in item.classes]
                        for item in response.result.classifications]}  # fmt: skip
 
 
 def regress_response(response: regression_pb2.RegressionResponse) -> dict:
     if not response.result.regressions:
         raise invalid("Cannot convert empty RegressionResults to JSON")
-    return {"results": [float(str(np.float32(r.value))) for r in response.result.regressions]}
+    return {"results": [write_decimal(r.value) for r in response.result.regressions]}

@@ -143,7 +143,7 @@ def _blessing(tmp_path, blessed: bool) -> standard_artifacts.ModelBlessing:
 
 
 def _push(
-    serving_root: str, model, blessing, tmp_path, export_tflite: int = 0
+    serving_root: str, model, blessing, tmp_path, export_tflite: int = 0, examples=None
 ) -> standard_artifacts.PushedModel:
     """The Pusher's executor on a span selected from a one-span data root, with no baseline."""
     data_root = f"{serving_root}-data"
@@ -158,7 +158,7 @@ def _push(
     pushed.uri = str(tmp_path / "pusher" / "pushed_model")
     VersionedPusherExecutor().Do(
         {"model": [model], "model_blessing": [blessing], "baseline_model": [baseline],
-         "selection": [selection], "examples": [_eval_examples(tmp_path)]},
+         "selection": [selection], "examples": [examples or _eval_examples(tmp_path)]},
         {"pushed_model": [pushed]},
         {"serving_root": serving_root, "model_name": MODEL_NAME, "keep_versions": 5,
          "export_tflite": export_tflite},
@@ -166,18 +166,23 @@ def _push(
     return pushed
 
 
-def _eval_examples(tmp_path) -> standard_artifacts.Examples:
-    """ExampleGen's output with a small eval split (the Pusher builds warm-up requests from it)."""
+def _eval_examples(tmp_path, rows: list[bytes] | None = None) -> standard_artifacts.Examples:
+    """ExampleGen's output with a small eval split (the Pusher builds warm-up requests from it):
+    `rows` (serialized tf.Examples), or three made-up ones."""
+    if rows is None:
+        rows = []
+        for fare in (5.0, 12.5, 30.0):
+            example = tf.train.Example()
+            example.features.feature["fare"].float_list.value.append(fare)
+            example.features.feature["big_tipper"].int64_list.value.append(1)
+            rows.append(example.SerializeToString())
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp_path / "example_gen" / "examples")
     path = f"{examples.uri}/Split-eval/data_tfrecord-00000-of-00001.gz"
     storage.write_bytes(path, b"")
     with tf.io.TFRecordWriter(path, options="GZIP") as writer:
-        for fare in (5.0, 12.5, 30.0):
-            example = tf.train.Example()
-            example.features.feature["fare"].float_list.value.append(fare)
-            example.features.feature["big_tipper"].int64_list.value.append(1)
-            writer.write(example.SerializeToString())
+        for row in rows:
+            writer.write(row)
     return examples
 
 
@@ -361,10 +366,10 @@ def test_push_takes_the_number_after_the_highest_version_and_copies_every_file(
     assert pushed.get_string_custom_property("pushed_version") == "8"
     pushed_files = _files_under(f"{versions_dir}/8")
     assert pushed_files.pop(warmup.WARMUP_PATH) and pushed_files == MODEL_FILES
-    # Warm-up: :predict with one example and with the batch, :regress; real eval rows, no label.
+    # Warm-up: :predict with one example and with the batch (this stand-in has no classify,
+    # regress or raw_features signature to warm up); real eval rows, no label.
     logs = _warmup_requests(f"{versions_dir}/8")
-    assert [log.WhichOneof("log_type") for log in logs] == [
-        "predict_log", "predict_log", "regress_log"]  # fmt: skip
+    assert [log.WhichOneof("log_type") for log in logs] == ["predict_log", "predict_log"]
     batch = tf.make_ndarray(logs[1].predict_log.request.inputs["examples"])
     rows = [tf.train.Example.FromString(b) for b in batch]
     assert [r.features.feature["fare"].float_list.value[0] for r in rows] == [5.0, 12.5, 30.0]

@@ -46,14 +46,20 @@ def test_export_of_a_directory_that_is_no_saved_model_fails_clearly(tmp_path):
 
 
 def test_the_pusher_puts_warm_up_requests_and_the_edge_model_into_the_version(
-    object_store, trained, tmp_path
+    object_store, trained, to_examples, tmp_path
 ):
     """A real model through the Pusher with export_tflite=1: the version TF Serving loads holds
     the warm-up requests (replayed here as `tkp serve` does) and the TFLite model."""
     from components.pusher import EDGE_MODEL_PATH
     from pipelines import storage
     from pipelines.servable import Servable
-    from tests.test_components import MODEL_NAME, _blessing, _push, _trained_model
+    from tests.test_components import (
+        MODEL_NAME,
+        _blessing,
+        _eval_examples,
+        _push,
+        _trained_model,
+    )
 
     fn_args, eval_frame = trained
     root = fn_args.serving_model_dir
@@ -63,8 +69,9 @@ def test_the_pusher_puts_warm_up_requests_and_the_edge_model_into_the_version(
         if path.is_file()
     }
     serving_root = f"s3://{object_store.new_bucket('edge-push')}/serving"
+    examples = _eval_examples(tmp_path, to_examples(eval_frame.head(20)))  # labelled, as stored
     pushed = _push(serving_root, _trained_model(tmp_path, files), _blessing(tmp_path, True),
-                   tmp_path, export_tflite=1)  # fmt: skip
+                   tmp_path, export_tflite=1, examples=examples)  # fmt: skip
 
     version_dir = pushed.get_string_custom_property("pushed_destination")
     local = tmp_path / "version"

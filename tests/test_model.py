@@ -134,8 +134,9 @@ def test_use_mixed_precision_rejects_unknown_setting():
 
 
 def test_classify_and_raw_feature_signatures_agree_with_serving_default(trained, to_examples):
-    """The three ways TF Serving reaches the model (tf.Examples, :classify, plain JSON values)
-    give one probability per row; a missing optional feature is "" or 0 in the raw form."""
+    """The ways TF Serving reaches the model (tf.Examples, :classify, :regress, plain JSON
+    values) give one probability per row; a missing optional feature is "" or 0 in the raw
+    form."""
     fn_args, eval_frame = trained
     loaded = tf.saved_model.load(fn_args.serving_model_dir)
     rows = eval_frame.head(8).copy()
@@ -144,10 +145,12 @@ def test_classify_and_raw_feature_signatures_agree_with_serving_default(trained,
     examples = tf.constant(to_examples(rows, with_label=False))
     expected = loaded.signatures[model.SERVING_SIGNATURE](examples=examples)["outputs"].numpy()
 
-    classified = loaded.signatures[model.CLASSIFY_SIGNATURE](examples=examples)
+    classified = loaded.signatures[model.CLASSIFY_SIGNATURE](inputs=examples)
     assert [c.decode() for c in classified["classes"].numpy()[0]] == list(model.CLASS_LABELS)
     np.testing.assert_allclose(classified["scores"].numpy()[:, 1], expected[:, 0], rtol=1e-6)
     np.testing.assert_allclose(classified["scores"].numpy().sum(axis=1), 1.0, rtol=1e-6)
+    regressed = loaded.signatures[model.REGRESS_SIGNATURE](inputs=examples)["outputs"]
+    np.testing.assert_allclose(regressed.numpy(), expected, rtol=1e-6)
 
     raw = loaded.signatures[model.RAW_SIGNATURE]
     inputs = {}

@@ -17,7 +17,12 @@ import requests
 import tensorflow as tf
 
 from components import features, registry, warmup
-from components.model import CLASSIFY_SIGNATURE, RAW_SIGNATURE, SERVING_SIGNATURE
+from components.model import (
+    CLASSIFY_SIGNATURE,
+    RAW_SIGNATURE,
+    REGRESS_SIGNATURE,
+    SERVING_SIGNATURE,
+)
 from components.pusher import push_version
 from pipelines import storage
 from pipelines.model_server import ModelManager
@@ -101,7 +106,12 @@ def test_metadata_has_each_signature_with_typed_inputs(served):
     assert status == 200
     assert body["model_spec"] == {"name": MODEL, "signature_name": "", "version": "1"}
     signatures = body["metadata"]["signature_def"]["signature_def"]
-    assert {SERVING_SIGNATURE, CLASSIFY_SIGNATURE, RAW_SIGNATURE} <= set(signatures)
+    assert {SERVING_SIGNATURE, CLASSIFY_SIGNATURE, REGRESS_SIGNATURE, RAW_SIGNATURE} <= set(
+        signatures
+    )
+    # :classify and :regress need the examples under "inputs" (TF Serving's classifier.cc).
+    assert set(signatures[CLASSIFY_SIGNATURE]["inputs"]) == {"inputs"}
+    assert set(signatures[REGRESS_SIGNATURE]["inputs"]) == {"inputs"}
     assert signatures[SERVING_SIGNATURE]["inputs"]["examples"]["dtype"] == "DT_STRING"
     assert signatures[SERVING_SIGNATURE]["method_name"] == "tensorflow/serving/predict"
     raw = signatures[RAW_SIGNATURE]["inputs"]
@@ -162,10 +172,51 @@ def test_classify_and_regress_take_examples_as_json_objects(served):
     # A context holds features every example shares; an example's own value wins.
     typed = [client_typed(r) for r in served["rows"][:2]]
     own = [{k: v for k, v in t.items() if k != "company"} for t in typed[:1]]
-    body = {"signature_name": SERVING_SIGNATURE, "context": {"company": typed[0]["company"]},
+    body = {"signature_name": REGRESS_SIGNATURE, "context": {"company": typed[0]["company"]},
             "examples": own}  # fmt: skip
     status, answer = call(served, "POST", f"/v1/models/{MODEL}:regress", body)
     assert status == 200 and answer["results"][0] == pytest.approx(served["expected"][0], abs=1e-6)
+
+
+def test_floats_are_written_as_tf_serving_writes_them(served):
+    """WriteDecimal: %g, or %.9g when %g does not read back as the same float32."""
+    status, _ = call(served, "POST", f"/v1/models/{MODEL}:predict",
+                     {"instances": b64_instances(served)})  # fmt: skip
+    text = requests.post(f"{served['url']}/v1/models/{MODEL}:predict",
+                         data=json.dumps({"instances": b64_instances(served)})).text  # fmt: skip
+    for p in served["expected"]:
+        short = f"{p:g}"
+        written = short if np.float32(float(short)) == p else f"{p:.9g}"
+        assert f"[{written}]" in text, (written, text)
+
+
+def test_base64_as_absl_reads_it_padding_optional_whitespace_ignored(served):
+    (instance,) = b64_instances(served)[:1]
+    loose = instance["b64"].rstrip("=")
+    loose = loose[:10] + "\n" + loose[10:]
+    status, body = call(served, "POST", f"/v1/models/{MODEL}:predict",
+                        {"instances": [{"b64": loose}]})  # fmt: skip
+    assert status == 200
+    assert body["predictions"][0][0] == pytest.approx(served["expected"][0], abs=1e-6)
+
+
+def test_checks_come_in_tf_servings_order_and_a_label_lists_every_version(served):
+    # The body is parsed before the model is looked up...
+    assert call(served, "POST", "/v1/models/nope:predict", raw=b"{bad")[0] == 400
+    assert call(served, "POST", "/v1/models/nope:classify", {"examples": []})[0] == 400
+    # ...and GET status reads only the version, so a label lists every version.
+    assert call(served, "GET", f"/v1/models/{MODEL}/labels/stable")[0] == 200
+    labelled = f"/v1/models/{MODEL}/labels/stable:predict"
+    assert call(served, "POST", labelled, {"instances": [1]}) == (
+        400, {"error": "Unrecognized servable version label: stable"})  # fmt: skip
+    # A signature without inputs, and :regress on one whose input is not named "inputs".
+    status, body = call(served, "POST", f"/v1/models/{MODEL}:predict",
+                        {"signature_name": "__saved_model_init_op", "instances": [1]})  # fmt: skip
+    assert (status, body["error"]) == (
+        400, "Failed to get input map for signature: __saved_model_init_op")  # fmt: skip
+    examples = [client_typed(r) for r in served["rows"][:1]]
+    status, body = call(served, "POST", f"/v1/models/{MODEL}:regress", {"examples": examples})
+    assert status == 400 and body["error"].startswith("No regression inputs found in SignatureDef")
 
 
 # -- bad input: 4xx in TF Serving's error shape, and the server keeps serving ----------------
