@@ -35,10 +35,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from components import model  # noqa: E402
+from pipelines.errors import ActionableError  # noqa: E402
 
 
-class EdgeExportError(ValueError):
-    """A SavedModel that could not be converted to TFLite."""
+class EdgeExportError(ActionableError, ValueError):
+    """A SavedModel that could not be converted to TFLite (nothing is pushed)."""
 
 
 def _with_tables_imported(

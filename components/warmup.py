@@ -10,6 +10,7 @@ example, then a batch), :classify, :regress, and :predict on raw feature values.
 from __future__ import annotations
 
 import os
+import struct
 import tempfile
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -27,29 +28,48 @@ from components.model import (  # noqa: E402
     SERVING_SIGNATURE,
 )
 from pipelines import storage  # noqa: E402
+from pipelines.errors import ActionableError  # noqa: E402
 
 WARMUP_PATH = "assets.extra/tf_serving_warmup_requests"
 BATCH = 16  # rows per batch request; TF Serving caps the file at 1000 records
 
 
+class WarmupError(ActionableError, ValueError):
+    """The warm-up requests cannot be built; nothing is pushed."""
+
+
+def _first_records(path: str, limit: int) -> list[bytes]:
+    """The first `limit` records of a TFRecord file (gzip by its name, as ExampleGen writes
+    them), streamed: only the start of the shard is read, whatever its size."""
+    records = []
+    with storage.open_stream(path) as stream:
+        while len(records) < limit:
+            header = stream.read(12)  # length (uint64 LE) and its CRC
+            if len(header) < 12:
+                break
+            (length,) = struct.unpack("<Q", header[:8])
+            records.append(stream.read(length))
+            stream.read(4)  # the data's CRC
+    return records
+
+
 def eval_examples(examples_uri: str, limit: int = BATCH) -> list[tf.train.Example]:
     """The first `limit` rows of ExampleGen's eval split, without the label (a serving request
     has none)."""
-    files = sorted(storage.list_files(storage.join(examples_uri, "Split-eval", "*")))
     rows: list[tf.train.Example] = []
-    for path in files:
-        with tempfile.NamedTemporaryFile(suffix=".gz") as local:
-            local.write(storage.read_bytes(path))
-            local.flush()
-            dataset = tf.data.TFRecordDataset(local.name, compression_type="GZIP")
-            for record in dataset.take(limit - len(rows)).as_numpy_iterator():
-                example = tf.train.Example.FromString(record)
-                del example.features.feature[features.LABEL_KEY]
-                rows.append(example)
+    for path in sorted(storage.list_files(storage.join(examples_uri, "Split-eval", "*"))):
+        for record in _first_records(path, limit - len(rows)):
+            example = tf.train.Example.FromString(record)
+            del example.features.feature[features.LABEL_KEY]
+            rows.append(example)
         if len(rows) >= limit:
             break
     if not rows:
-        raise ValueError(f"no eval rows under {examples_uri}/Split-eval to build warm-up from")
+        raise WarmupError(
+            f"no eval rows under {examples_uri}/Split-eval to build TF Serving's warm-up "
+            "requests from: nothing was pushed. The eval split of this run is empty; check the "
+            "span's size and ExampleGen's split."
+        )
     return rows
 
 

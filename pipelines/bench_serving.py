@@ -12,6 +12,7 @@ import base64
 import http.client
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -101,11 +102,18 @@ def run(config: PipelineConfig, requests_per_size: int, concurrency: int, batch_
     if version is None:
         raise BenchError(f"no version is pushed under {folder}: run `make run` first")
     rows = _eval_rows(config, version, max(batch_sizes))
+    if len(rows) < max(batch_sizes):
+        largest = max(batch_sizes)
+        raise BenchError(f"the span of version {version} has {len(rows)} rows, fewer than the "
+                         f"largest batch ({largest}): use smaller --batch-sizes")  # fmt: skip
     examples = [row_to_example(row) for row in rows]
     port = _free_port()
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
     cache = Path(tempfile.mkdtemp(prefix="bench-serving-", dir=WORK_DIR))
+    # The same store and model as this command's config, whatever set them (--set, env).
     command = [sys.executable, "-m", "pipelines.cli", "serve", "--port", str(port),
-               "--cache-dir", str(cache)]  # fmt: skip
+               "--cache-dir", str(cache), "--set", f"serving_root={config.serving_root}",
+               "--set", f"model_name={config.model_name}"]  # fmt: skip
     say(f"Starting `tkp serve` on port {port} (version {version}) ...")
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env=dict(os.environ))  # fmt: skip
@@ -139,7 +147,12 @@ def run(config: PipelineConfig, requests_per_size: int, concurrency: int, batch_
                 })  # fmt: skip
     finally:
         server.terminate()
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(cache, ignore_errors=True)
     return results
 
 

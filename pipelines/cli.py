@@ -354,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how often to look for a pushed or rolled-back version")  # fmt: skip
     serve_.add_argument("--max-request-mb", type=_positive, default=32.0, metavar="MB",
                         help="larger request bodies are refused with 413")  # fmt: skip
-    serve_.add_argument("--cache-dir", help="local copy of the versions (default: .work/serving/)")
+    cache_help = "local copy of the versions (default: .work/serving/MODEL_NAME/)"
+    serve_.add_argument("--cache-dir", help=cache_help)
     sync_help = "Mirror the served versions and model config into a folder TF Serving reads."
     sync = add("serving-sync", cmd_serving_sync, sync_help)
     sync.add_argument("--target", required=True, help="local folder, e.g. /models")

@@ -135,7 +135,8 @@ class ModelManager:
 
     def status(self, name: str, version: int | None) -> dict:
         """GetModelStatusImpl: every version this server knows of, or the one asked for."""
-        known = {v: s for v, s in self.states.items() if name == self.model_name}
+        # A copy: the poller adds versions while a request reads them.
+        known = {v: s for v, s in dict(self.states).items() if name == self.model_name}
         if version is not None:
             if version not in known:
                 raise ServingError("NOT_FOUND", f"Could not find version {version} of "

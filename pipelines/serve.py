@@ -125,7 +125,7 @@ def serve_forever(manager: ModelManager, host: str, port: int, max_request_bytes
     manager.on_change = say
     say(f"Mirroring {manager.source} into {manager.cache_dir} ...")
     manager.poll()
-    if manager.current is None:
+    if manager.current is None and not manager.states:
         say(f"No version of {manager.model_name!r} is pushed yet: waiting for one (checking "
             f"every {manager.poll_seconds:g} s).")  # fmt: skip
     manager.start()

@@ -13,6 +13,7 @@ store (pruned) is deleted locally only when the new config no longer pins it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import uuid
@@ -49,6 +50,7 @@ def sync_once(serving_model_dir: str, model_name: str, target: Path) -> SyncResu
     reader keeps serving what it served."""
     target = Path(target)
     models = local_model_dir(target, model_name)
+    _forget_other_source(target, models, serving_model_dir)
     complete = registry.complete_versions(serving_model_dir)
     served = registry.served_version(serving_model_dir, model_name)
     result = SyncResult(served=served, versions=sorted(complete))
@@ -74,9 +76,20 @@ def store_state(serving_model_dir: str, client) -> tuple | None:
     would take a core from the requests. None for a path that is not `s3://` (always synced)."""
     if not serving_model_dir.startswith("s3://"):
         return None
+    bucket, prefix = storage.split_s3(serving_model_dir.rstrip("/") + "/")
+    try:
+        return _store_state(client, bucket, prefix)
+    except Exception as e:  # botocore's connection and client errors
+        raise storage.StorageError(
+            f"cannot read {serving_model_dir}: {e}. Check that the object store at "
+            f"{os.environ.get('AWS_ENDPOINT_URL_S3') or 'AWS S3'} runs, that the bucket {bucket!r} "
+            "exists, and that AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are set."
+        ) from e
+
+
+def _store_state(client, bucket: str, prefix: str) -> tuple:
     from botocore.exceptions import ClientError
 
-    bucket, prefix = storage.split_s3(serving_model_dir.rstrip("/") + "/")
     config_tag, numbers = None, []
     pages = client.get_paginator("list_objects_v2").paginate(
         Bucket=bucket, Prefix=prefix, Delimiter="/"
@@ -98,6 +111,18 @@ def store_state(serving_model_dir: str, client) -> tuple | None:
             raise
         versions.append((number, head["ETag"]))
     return config_tag, tuple(versions)
+
+
+def _forget_other_source(target: Path, models: Path, serving_model_dir: str) -> None:
+    """Empties a copy made from another store or folder: version numbers are only unique
+    within one serving directory, so a copy of another's version 1 must not pass for this one."""
+    source = f"{os.environ.get('AWS_ENDPOINT_URL_S3', '')} {serving_model_dir}"
+    marker = target / ".source"
+    if marker.exists() and marker.read_text() != source:
+        shutil.rmtree(models, ignore_errors=True)
+        local_config_path(target).unlink(missing_ok=True)
+    target.mkdir(parents=True, exist_ok=True)
+    marker.write_text(source)
 
 
 def _copy_version(source: str, destination: Path, staging_root: Path) -> None:

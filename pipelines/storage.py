@@ -149,6 +149,14 @@ def numbered_children(parent: str, prefix: str = "") -> dict[int, str]:
     return found
 
 
+def open_stream(path: str):
+    """`path` opened for reading as a stream, decompressed when its name says so (`.gz`)."""
+    try:
+        return FileSystems.open(path, compression_type=CompressionTypes.AUTO)
+    except Exception as e:  # Beam wraps boto3 errors in several exception types
+        raise StorageError(f"cannot read {path}: {e}") from e
+
+
 def read_bytes(path: str) -> bytes:
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read()

@@ -70,6 +70,8 @@ def parse(body: bytes) -> dict:
         raise invalid("JSON Parse error: The document is empty")
     try:
         doc = json.loads(body)
+    except RecursionError as e:
+        raise invalid("JSON Parse error: The document is nested too deeply") from e
     except (ValueError, UnicodeDecodeError) as e:
         raise invalid(f"JSON Parse error: {getattr(e, 'msg', e)} at offset: "
                       f"{getattr(e, 'pos', 0)}") from e  # fmt: skip
@@ -160,7 +162,10 @@ def _fill(value: Any, level: int, shape: list[int], dtype: int, out: list) -> No
 
 def _tensor(values: list, shape: list[int], dtype: int):
     np_dtype = object if dtype == types_pb2.DT_STRING else tf.dtypes.as_dtype(dtype).as_numpy_dtype
-    array = np.array(values, dtype=np_dtype).reshape(shape)
+    try:
+        array = np.array(values, dtype=np_dtype).reshape(shape)
+    except (OverflowError, ValueError) as e:  # e.g. a 400-digit number for a float
+        raise invalid(f"JSON Value out of range for type {dtype_name(dtype)}: {e}") from e
     return tf.make_tensor_proto(array, dtype=tf.dtypes.as_dtype(dtype), shape=shape)
 
 

@@ -417,6 +417,18 @@ def test_a_model_compared_with_a_version_that_no_longer_serves_is_not_pushed(
     assert "version 2 serves now" in outcome["reason"] and "force=1" in outcome["reason"]
 
 
+def test_without_eval_rows_for_the_warm_up_nothing_is_pushed_or_claimed(object_store, tmp_path):
+    serving_root = f"s3://{object_store.new_bucket('push-no-warmup')}/serving"
+    versions_dir = f"{serving_root}/{MODEL_NAME}"
+
+    with pytest.raises(warmup.WarmupError) as raised:
+        _push(serving_root, _trained_model(tmp_path), _blessing(tmp_path, True), tmp_path,
+              examples=_eval_examples(tmp_path, rows=[]))  # fmt: skip
+
+    assert "Split-eval" in str(raised.value) and "nothing was pushed" in str(raised.value)
+    assert storage.list_files(f"{versions_dir}/**") == []  # no version, claim or config
+
+
 def test_push_onto_an_existing_version_is_refused_and_leaves_it_untouched(object_store, tmp_path):
     versions_dir = f"s3://{object_store.new_bucket('push-exists')}/serving/{MODEL_NAME}"
     _write_files(f"{versions_dir}/3", _version_files("v3"))

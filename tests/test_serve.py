@@ -236,7 +236,8 @@ def test_checks_come_in_tf_servings_order_and_a_label_lists_every_version(served
          'Serving signature name: "nope" not found in signature def'),
         (":predict", {"instances": [{"b64": "not base64!"}]}, 400, "Unable to base64 decode"),
         (":predict", {"instances": [{"b64": base64.b64encode(b"\x00garbage").decode()}]}, 400,
-         ""),
+         "Could not parse example input"),
+        (":predict", b"[" * 5000, 400, "JSON Parse error: "),
         ("/versions/2:predict", {"instances": [1]}, 404,
          f"Servable not found for request: Specific({MODEL}, 2)"),
         (":classify", {"examples": {}}, 400, "Expecting 'examples' value to be an list/array"),
@@ -274,6 +275,9 @@ def test_a_missing_feature_or_a_wrong_type_names_the_feature(served):
         served, "POST", path, {"signature_name": RAW_SIGNATURE, "instances": as_float}
     )
     assert status == 400 and "is not of expected type: int64" in body["error"]
+    huge = [dict(typed[0], fare=10**400)]
+    status, body = call(served, "POST", path, {"signature_name": RAW_SIGNATURE, "instances": huge})
+    assert status == 400 and "out of range for type float" in body["error"]
     # A tf.Example without a required feature: the model's own parse error, as a 400.
     example = tf.train.Example()
     example.features.feature["trip_miles"].float_list.value.append(1.0)
@@ -288,6 +292,10 @@ def test_an_oversized_body_is_refused_with_413_without_reading_it_all(served):
     too_big = {"instances": [{"b64": "A" * 4096}] * 400}  # ~1.6 MB, the fixture's limit is 1 MiB
     status, body = call(served, "POST", f"/v1/models/{MODEL}:predict", too_big)
     assert status == 413 and "larger than this server's limit" in body["error"]
+    # Chunked, without a Content-Length: counted as it arrives.
+    chunks = (b" " * 65536 for _ in range(20))
+    response = requests.post(f"{served['url']}/v1/models/{MODEL}:predict", data=chunks)
+    assert response.status_code == 413 and "error" in response.json()
     assert call(served, "POST", f"/v1/models/{MODEL}:predict",
                 {"instances": b64_instances(served)})[0] == 200  # fmt: skip
 

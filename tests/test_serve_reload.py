@@ -5,6 +5,7 @@ import socket
 import threading
 import time
 
+import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -150,3 +151,34 @@ def test_serve_and_serving_sync_from_the_command_line(
     assert (
         f"{folder}/{registry.MODEL_CONFIG_FILE} is not a TF Serving model config" in broken.stderr
     )
+
+
+def test_bench_serving_measures_the_server_next_to_the_saved_model(
+    object_store, trained, to_examples, tmp_path, monkeypatch
+):
+    """A small run of `tkp bench-serving`'s measurement: `tkp serve` as its own process, the
+    SavedModel in this one, each batch size at 1 and at N requests in flight."""
+    from pipelines import bench_serving, data
+    from pipelines.config import PipelineConfig
+
+    fn_args, eval_frame = trained
+    bucket = object_store.new_bucket("bench")
+    config = PipelineConfig(serving_root=f"s3://{bucket}/serving", data_root=f"s3://{bucket}/data")
+    push(config.serving_model_dir, fn_args.serving_model_dir, 1,
+         to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
+    data.write_span(config.data_root, 0, 50)
+    monkeypatch.setenv("PIPELINE_WORK_DIR", str(tmp_path))  # the server's log
+    said: list[str] = []
+
+    results = bench_serving.run(config, 5, 2, [1, 4], said.append)
+
+    assert [(r["examples"], r["concurrency"]) for r in results["runs"]] == [
+        (1, 1), (1, 2), (4, 1), (4, 2)]  # fmt: skip
+    for run in results["runs"]:
+        for where in ("serve", "in_process"):
+            figures = run[where]
+            assert 0 < figures["p50_ms"] <= figures["p99_ms"] and figures["per_second"] > 0
+        assert run["p50_ratio"] > 0
+    assert "serve / in-process p50" in bench_serving.table(results)
+    with pytest.raises(bench_serving.BenchError, match="fewer than the largest batch"):
+        bench_serving.run(config, 5, 2, [1, 500], said.append)
