@@ -151,6 +151,25 @@ def test_serve_and_serving_sync_from_the_command_line(
     assert (
         f"{folder}/{registry.MODEL_CONFIG_FILE} is not a TF Serving model config" in broken.stderr
     )
+    away = dict(env, AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{free_port()}")
+    down = run(tmp_path, "serving-sync", "--target", str(tmp_path / "m3"), "--once", **away)
+    assert down.returncode == 1 and f"cannot read {folder}" in down.stderr
+    assert f"object store at {away['AWS_ENDPOINT_URL_S3']} runs" in down.stderr
+
+
+def test_a_copy_made_from_another_store_is_not_served_as_this_ones(object_store, tmp_path):
+    """Version numbers are unique within one serving directory only: a cache filled from
+    another one is emptied, not reused."""
+    from pipelines import serving_sync
+
+    target = tmp_path / "cache"
+    for name in ("a", "b"):
+        folder = f"s3://{object_store.new_bucket(name)}/serving/{MODEL}"
+        storage.write_bytes(f"{folder}/1/variables/variables.index", name.encode())
+        storage.write_bytes(f"{folder}/1/saved_model.pb", f"model {name}".encode())
+        result = serving_sync.sync_once(folder, MODEL, target)
+        assert result.copied == [1] and result.served == 1
+        assert (target / MODEL / "1" / "saved_model.pb").read_text() == f"model {name}"
 
 
 def test_bench_serving_measures_the_server_next_to_the_saved_model(
