@@ -14,7 +14,7 @@ Like TF Serving with `--model_config_file_poll_wait_seconds`, a poller follows t
 config file: it mirrors the store (pipelines/serving_sync.py, as the Kubernetes sidecar does),
 loads the pinned version and replays its warm-up requests while the current version keeps
 answering, then switches. A version that fails to load (or to warm up) is reported in the
-model status and never retried; the current one keeps serving.
+model status and not retried while it stays pinned; the current one keeps serving.
 """
 
 from __future__ import annotations

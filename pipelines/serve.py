@@ -1,6 +1,6 @@
 """The HTTP side of `tkp serve`: a FastAPI app that hands every `/v1/...` request to
-pipelines/model_server.py, and the uvicorn server that runs it (in the foreground for the CLI,
-in a thread for tests and the benchmark)."""
+pipelines/model_server.py, and the uvicorn server that runs it (for the CLI and for tests, in a
+thread of its own)."""
 
 from __future__ import annotations
 
