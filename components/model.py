@@ -11,38 +11,33 @@ import os
 # Transform's Keras layer and TFMA are built on Keras 2; pick it before TensorFlow is imported.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+import json  # noqa: E402
 import logging  # noqa: E402
-import re  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 import tensorflow_transform as tft  # noqa: E402
 from tfx import v1 as tfx  # noqa: E402
 from tfx_bsl.public import tfxio  # noqa: E402
 
-from components import features, preprocessing  # noqa: E402
+from components import checkpoints, distribution, features, guards, preprocessing  # noqa: E402
+from pipelines import storage  # noqa: E402
 
 DEFAULT_HIDDEN_UNITS = [64, 32]
 DEFAULT_LEARNING_RATE = 1e-3
 DEFAULT_BATCH_SIZE = 64  # per replica, so a step sees the same examples per device
 EMBEDDING_DIM = 8
-CHECKPOINT_NAME = "epoch-{epoch:03d}"  # Keras numbers epochs from 1: the count of finished ones
+DEFAULT_MAX_TRAIN_MINUTES = 120.0
+DEFAULT_TENSORBOARD_STEPS = 50
+BUDGET_CHECK_STEPS = 20  # multi-worker: steps between agreements on the time budget
+TRAINING_SUMMARY = "training_summary.json"  # in model_run: what the run summary reports
+SHARED_SHUFFLE_SEED = 20  # multi-worker: the same order on every worker (see _shard_by_files)
+CACHED_SHUFFLE_BATCHES = 64
 MIXED_PRECISION_SETTINGS = ("auto", "on", "off")
 
-
-def strategy_kind(num_gpus: int) -> str:
-    """'mirrored', 'gpu' or 'cpu': the kind of strategy for `num_gpus` visible GPUs."""
-    if num_gpus > 1:
-        return "mirrored"
-    return "gpu" if num_gpus == 1 else "cpu"
-
-
-def choose_strategy(gpus: list | None = None) -> tf.distribute.Strategy:
-    """The distribution strategy for `gpus` (default: the visible GPUs)."""
-    gpus = tf.config.list_logical_devices("GPU") if gpus is None else gpus
-    kind = strategy_kind(len(gpus))
-    if kind == "mirrored":
-        return tf.distribute.MirroredStrategy([f"/gpu:{i}" for i in range(len(gpus))])
-    return tf.distribute.OneDeviceStrategy("/gpu:0" if kind == "gpu" else "/cpu:0")
+_log = logging.getLogger(__name__)
 
 
 def use_mixed_precision(setting: str, num_gpus: int) -> bool:
@@ -81,21 +76,47 @@ def build_model(hidden_units: list[int], learning_rate: float) -> tf.keras.Model
     return model
 
 
-def _dataset(files, fn_args, tf_transform_output, batch_size: int) -> tf.data.Dataset:
-    options = tfxio.TensorFlowDatasetOptions(batch_size=batch_size, label_key=features.LABEL_KEY)
-    schema = tf_transform_output.transformed_metadata.schema
-    return fn_args.data_accessor.tf_dataset_factory(files, options, schema).prefetch(
-        tf.data.AUTOTUNE
+def _dataset(
+    files, fn_args, tf_transform_output, batch_size: int, training: bool, cache: bool = False,
+    seed: int | None = None,
+) -> tf.data.Dataset:  # fmt: skip
+    """Batches of (transformed features, label) from Transform's gzip TFRecords.
+
+    tfxio reads the files in parallel (interleaved, AUTOTUNE) and parses after batching (one
+    vectorised parse per batch, no Python per example); training data is shuffled, with `seed`
+    when every worker must see the same order. `cache` keeps the parsed batches in memory after
+    the first pass and shuffles the batches anew each epoch."""
+    options = tfxio.TensorFlowDatasetOptions(
+        batch_size=batch_size,
+        label_key=features.LABEL_KEY,
+        shuffle=training and not cache,
+        shuffle_seed=seed,
+        num_epochs=1 if cache else None,
+        reader_num_threads=tf.data.AUTOTUNE,
     )
+    schema = tf_transform_output.transformed_metadata.schema
+    dataset = fn_args.data_accessor.tf_dataset_factory(files, options, schema)
+    if cache:
+        dataset = dataset.cache()
+        if training:
+            dataset = dataset.shuffle(CACHED_SHUFFLE_BATCHES, seed=seed)
+        dataset = dataset.repeat()
+    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def _restore_latest(model: tf.keras.Model, checkpoint_dir: str) -> int:
-    """Loads the newest epoch checkpoint, if any, so a restarted Trainer resumes from it."""
-    latest = tf.train.latest_checkpoint(checkpoint_dir)
-    if latest is None:
-        return 0
-    model.load_weights(latest)
-    return int(re.search(r"epoch-(\d+)", latest).group(1))
+def _shard_by_files(dataset: tf.data.Dataset, files: list[str], workers: int) -> tf.data.Dataset:
+    """Each worker reads its own files when there are enough of them, else every worker reads
+    all and keeps every N-th batch: the order is then seeded alike on every worker (run_fn), so
+    the workers' shares do not overlap; each worker reads the whole data, though."""
+    if workers < 2:
+        return dataset
+    count = sum(len(tf.io.gfile.glob(pattern)) for pattern in files)
+    policy = tf.data.experimental.AutoShardPolicy
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        policy.FILE if count >= workers else policy.DATA
+    )
+    return dataset.with_options(options)
 
 
 # Signatures of the exported SavedModel, as TF Serving's REST API reaches them:
@@ -177,50 +198,115 @@ def _export(model: tf.keras.Model, tf_transform_output, serving_model_dir: str) 
 
 
 def run_fn(fn_args: tfx.components.FnArgs) -> None:
-    """Trains on `fn_args.train_files` and exports to `fn_args.serving_model_dir`."""
+    """Trains on `fn_args.train_files` and exports to `fn_args.serving_model_dir`.
+
+    Resumes from the training's backup when there is one (components/checkpoints.py), stops on
+    the time budget or early (components/guards.py), and writes TRAINING_SUMMARY into the
+    model_run folder for the run summary."""
+    started = time.monotonic()
     config = fn_args.custom_config or {}
     if not fn_args.train_steps:
         raise ValueError("train_steps must be set: the training dataset repeats forever")
+    # First: MultiWorkerMirroredStrategy must exist before TensorFlow runs anything.
+    strategy = distribution.choose_strategy(config.get("strategy", "auto"))
     gpus = tf.config.list_logical_devices("GPU")
-    strategy = choose_strategy(gpus)
     mixed = use_mixed_precision(config.get("mixed_precision", "auto"), len(gpus))
     # Set either way: the policy is process-global and a previous run may have changed it.
     tf.keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
+    replicas = strategy.num_replicas_in_sync
+    workers = max(1, distribution.num_tasks(distribution.cluster_spec()))
+    chief = distribution.is_chief()
     epochs = max(1, int(config.get("epochs", 1)))
     steps_per_epoch = max(1, fn_args.train_steps // epochs)
-    batch_size = int(config.get("batch_size", DEFAULT_BATCH_SIZE)) * strategy.num_replicas_in_sync
+    per_replica = int(config.get("batch_size", DEFAULT_BATCH_SIZE))
+    batch_size = distribution.global_batch_size(per_replica, replicas)
+    learning_rate = distribution.scaled_learning_rate(
+        config.get("learning_rate", DEFAULT_LEARNING_RATE), replicas
+    )
 
     tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
-    train = _dataset(fn_args.train_files, fn_args, tf_transform_output, batch_size)
-    evaluation = _dataset(fn_args.eval_files, fn_args, tf_transform_output, batch_size)
+    cache = bool(config.get("cache_training_data", 0))
+    seed = SHARED_SHUFFLE_SEED if workers > 1 else None
+    train = _dataset(
+        fn_args.train_files, fn_args, tf_transform_output, batch_size, True, cache, seed
+    )
+    train = _shard_by_files(train, fn_args.train_files, workers)
+    evaluation = _dataset(fn_args.eval_files, fn_args, tf_transform_output, batch_size, False)
+    evaluation = _shard_by_files(evaluation, fn_args.eval_files, workers)
     with strategy.scope():
-        model = build_model(
-            config.get("hidden_units", DEFAULT_HIDDEN_UNITS),
-            config.get("learning_rate", DEFAULT_LEARNING_RATE),
-        )
-    checkpoint_dir = os.path.join(fn_args.model_run_dir, "checkpoints")
-    initial_epoch = _restore_latest(model, checkpoint_dir)
-    logging.getLogger(__name__).info(
-        f"Training: strategy={type(strategy).__name__} devices={strategy.extended.worker_devices} "
-        f"mixed_precision={mixed} epochs={epochs} (from {initial_epoch}) steps_per_epoch="
-        f"{steps_per_epoch} eval_steps={fn_args.eval_steps} global_batch={batch_size}"
+        model = build_model(config.get("hidden_units", DEFAULT_HIDDEN_UNITS), learning_rate)
+
+    backup = checkpoints.TrainingBackup(
+        config.get("checkpoint_dir") or os.path.join(fn_args.model_run_dir, "backup"),
+        local_dir=tempfile.mkdtemp(prefix="training-backup-"),
+        writer=chief,
     )
+    resumed = backup.download()
+    finished = backup.load_final(model)  # trained before, killed in the export: export again
+    budget = guards.TimeBudget(
+        float(config.get("max_train_minutes", DEFAULT_MAX_TRAIN_MINUTES)),
+        started,
+        agree=guards.any_worker(strategy),
+        check_every=1 if workers < 2 else BUDGET_CHECK_STEPS,
+    )
+    throughput = guards.Throughput(batch_size)
+    stopper = guards.early_stopping(int(config.get("early_stopping_patience", 0)), epochs)
     callbacks = [
+        throughput,  # first: its timing brackets the training step, not the other callbacks
+        checkpoints.StoreBackedBackup(backup, int(config.get("checkpoint_every_steps", 0))),
         tf.keras.callbacks.TensorBoard(
-            os.path.join(fn_args.model_run_dir, "logs"), update_freq="epoch"
+            os.path.join(fn_args.model_run_dir, "logs"),
+            update_freq=int(config.get("tensorboard_every_steps", DEFAULT_TENSORBOARD_STEPS)),
+            histogram_freq=1,
+            write_graph=True,
         ),
-        tf.keras.callbacks.ModelCheckpoint(
-            os.path.join(checkpoint_dir, CHECKPOINT_NAME), save_weights_only=True
-        ),
-    ]
-    model.fit(
-        train,
-        epochs=epochs,
-        initial_epoch=initial_epoch,
-        steps_per_epoch=steps_per_epoch,
-        validation_data=evaluation if fn_args.eval_steps else None,
-        validation_steps=fn_args.eval_steps or None,
-        callbacks=callbacks,
-        verbose=2,
+        budget,
+    ] + ([stopper] if fn_args.eval_steps else [])
+    _log.info(
+        f"Training: strategy={type(strategy).__name__} replicas={replicas} workers={workers} "
+        f"devices={strategy.extended.worker_devices} mixed_precision={mixed} epochs={epochs} "
+        f"steps_per_epoch={steps_per_epoch} eval_steps={fn_args.eval_steps} "
+        f"global_batch={batch_size} learning_rate={learning_rate:g} "
+        f"backup={backup.remote_dir} ({'resuming' if resumed else 'new'})"
     )
+    if finished is None:
+        model.fit(
+            train,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            validation_data=evaluation if fn_args.eval_steps else None,
+            validation_steps=fn_args.eval_steps or None,
+            callbacks=callbacks,
+            verbose=2,
+        )
+    summary = finished or {
+        "strategy": distribution.name_of(strategy),
+        "replicas": replicas,
+        "workers": workers,
+        "steps": int(model._train_counter.numpy()),
+        "planned_steps": steps_per_epoch * epochs,
+        "resumed": resumed,
+        "examples_per_second": round(throughput.examples_per_second, 1),
+        "stopped": _stop_reason(budget, stopper if fn_args.eval_steps else None),
+    }
+    _log.info("Training finished: %s", json.dumps(summary))
+    if finished is None:  # the weights to export (the best epoch's), kept until exported
+        backup.save_final(model, summary)
     _export(model, tf_transform_output, fn_args.serving_model_dir)
+    if chief:
+        storage.write_bytes(
+            storage.join(fn_args.model_run_dir, TRAINING_SUMMARY), json.dumps(summary).encode()
+        )
+    backup.delete_remote()  # a finished training leaves no backup behind
+    shutil.rmtree(backup.local_dir, ignore_errors=True)
+
+
+def _stop_reason(budget: guards.TimeBudget, stopper) -> str:
+    if budget.stopped_at_step is not None:
+        return f"stopped on budget ({budget.minutes:g} min) at step {budget.stopped_at_step}"
+    if stopper is not None and stopper.stopped_epoch:
+        return (
+            f"stopped early: no better {guards.EARLY_STOP_METRIC} for {stopper.patience} epoch(s) "
+            f"after epoch {stopper.best_epoch + 1}, whose weights were kept"
+        )
+    return "completed"

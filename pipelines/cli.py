@@ -2,6 +2,7 @@
 
 Local: run, add-span, store, watch. Served versions: models list, models show, rollback.
 Serving: serve (TF Serving's REST API), serving-sync (the mirror TF Serving reads), bench-serving.
+Training: bench-input (is training bound by its input pipeline?), gpu-check (on a GPU machine).
 Kubeflow: compile, submit, schedule, pause, resume.
 
 The console shows progress, results and errors. Each command writes a log of its own,
@@ -121,6 +122,23 @@ def cmd_serving_sync(args: argparse.Namespace, config: PipelineConfig) -> int:
     with local_runner.object_store(config):
         return serving_sync.run(config.serving_model_dir, config.model_name, Path(args.target),
                                 None if args.once else args.interval, console.say)  # fmt: skip
+
+
+def cmd_bench_input(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import bench_training
+
+    examples_dir, graph_dir = bench_training.transform_outputs(config)
+    results = bench_training.run(examples_dir, graph_dir, config, args.steps, args.repeats,
+                                 console.say)  # fmt: skip
+    console.say(bench_training.table(results))
+    return 0
+
+
+def cmd_gpu_check(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import gpu_check
+
+    gpu_check.run(config, args.steps, console.say)
+    return 0
 
 
 def cmd_bench_serving(args: argparse.Namespace, config: PipelineConfig) -> int:
@@ -369,6 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=_count, default=4, help="requests in flight")
     bench.add_argument("--batch-sizes", type=_counts, default=[1, 64], metavar="N,N",
                        help="examples per request (default: 1,64)")  # fmt: skip
+    bench_input = add("bench-input", cmd_bench_input,
+                      "Training examples/s from the TFRecords vs. from memory.")  # fmt: skip
+    bench_input.add_argument("--steps", type=_count, default=200, help="steps per timed pass")
+    bench_input.add_argument("--repeats", type=_count, default=3, help="timed passes of each")
+    gpu = add("gpu-check", cmd_gpu_check,
+              "Examples/s, GPU use: CPU, 1 and all GPUs, float32 and mixed.")  # fmt: skip
+    gpu.add_argument("--steps", type=_count, default=300, help="timed steps per setup")
     watch = add("watch", cmd_watch, "Start exactly one run per new complete span of the data root.")
     watch.add_argument("--once", action="store_true", help="poll once and exit (for a CronJob)")
     watch.add_argument("--interval", type=int, metavar="SECONDS",

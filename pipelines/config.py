@@ -86,6 +86,28 @@ class PipelineConfig:
     learning_rate: float = 0.003
     hidden_units: tuple[int, ...] = (64, 32)
     mixed_precision: str = "auto"  # auto: on when a GPU is present
+    # How training is distributed (components/distribution.py): auto, one_device, mirrored or
+    # multi_worker; `num_workers` > 1 trains on that many machines (local: processes on loopback;
+    # Kubeflow: a TFJob). batch_size is per replica; the learning rate grows with sqrt(replicas).
+    strategy: str = "auto"
+    num_workers: int = 1
+    # Guards: training stops cleanly after `max_train_minutes` (and exports the best model so
+    # far); EarlyStopping stops after `early_stopping_patience` epochs without a better eval AUC
+    # (0: never early) and the best epoch's weights are exported.
+    max_train_minutes: float = 120.0
+    early_stopping_patience: int = 2
+    # Preemption: training state is backed up every epoch and every `checkpoint_every_steps`
+    # steps (0: every epoch only) under `<pipeline_root>/_checkpoints/` (Kubeflow: the run's
+    # `<pipeline root>/<pipeline name>/_checkpoints/`), keyed by what defines the training, so a
+    # re-run resumes; backups untouched for `checkpoint_max_age_hours` are removed.
+    checkpoint_every_steps: int = 0
+    checkpoint_max_age_hours: float = 72.0
+    # Kubeflow: how often the backend retries a failed Trainer pod (it resumes from the backup).
+    trainer_retries: int = 2
+    # 1: cache the decoded training data in memory after the first epoch (small data only).
+    cache_training_data: int = 0
+    # TensorBoard: scalars every N steps (plus weight histograms per epoch, and the graph).
+    tensorboard_every_steps: int = 50
     # Evaluation: value thresholds, and how much worse than the last blessed model is tolerated.
     min_auc: float = 0.75
     min_accuracy: float = 0.7
@@ -177,6 +199,7 @@ RUN_PARAMETERS: dict[str, type] = {
     "force": int,
     "train_steps": int,
     "epochs": int,
+    "max_train_minutes": float,
     "min_auc": float,
     "min_accuracy": float,
     "max_auc_drop": float,
@@ -378,6 +401,32 @@ def _label_selector(name: str, value: str) -> str | None:
     return None if sep and label else f"{name} must be label=value, got {value!r}"
 
 
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
+# Strategies refused when the config is built, so that no run fails half-way: what each needs
+# that this pipeline does not have, and what to use instead.
+REFUSED_STRATEGIES = {
+    "parameter_server": (
+        "parameter_server needs parameter-server tasks and a coordinator running a custom "
+        "training loop over a ClusterCoordinator; this model's few hundred thousand weights fit "
+        "on every worker, where synchronous all-reduce is faster. Use strategy=multi_worker with "
+        "num_workers=N"
+    ),
+    "tpu": (
+        "tpu needs Cloud TPU nodes (a TPUClusterResolver on GKE or Vertex AI), which open-source "
+        "Kubeflow Pipelines does not schedule and nothing here can test. Use strategy=mirrored "
+        "on GPU nodes, or multi_worker with num_workers=N"
+    ),
+}
+
+
+def _strategy(name: str, value: str) -> str | None:
+    if value in REFUSED_STRATEGIES:
+        return f"{name}={value} is not supported: {REFUSED_STRATEGIES[value]}"
+    if value not in STRATEGIES:
+        return f"{name} must be {' or '.join(STRATEGIES)}, got {value!r}"
+    return None
+
+
 RULES: dict[str, Callable[[str, Any], str | None]] = {
     "pipeline_name": _matches(
         _DNS_LABEL,
@@ -407,6 +456,15 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "learning_rate": _positive,
     "hidden_units": _hidden_units,
     "mixed_precision": _one_of("auto", "on", "off"),
+    "strategy": _strategy,
+    "num_workers": _between(1, 64),
+    "max_train_minutes": _between(0.1, 7 * 24 * 60),
+    "early_stopping_patience": _at_least(0),
+    "checkpoint_every_steps": _at_least(0),
+    "checkpoint_max_age_hours": _positive,
+    "trainer_retries": _between(0, 10),
+    "cache_training_data": _one_of_numbers(0, 1),
+    "tensorboard_every_steps": _at_least(1),
     "min_auc": _between(0, 1),
     "min_accuracy": _between(0, 1),
     "max_auc_drop": _between(0, 1),
@@ -460,6 +518,14 @@ def problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"epochs ({values['epochs']}) cannot exceed train_steps ({values['train_steps']})"
         )
         found.append(("epochs+train_steps", too_many))  # "+": both fields' sources are named
+    if {"strategy", "num_workers"} <= set(values) - bad:
+        strategy, workers = values["strategy"], values["num_workers"]
+        if strategy == "multi_worker" and workers < 2:
+            found.append(("strategy+num_workers", "strategy=multi_worker needs num_workers of "
+                          "2 or more (on one machine use mirrored)"))  # fmt: skip
+        elif strategy in ("one_device", "mirrored") and workers > 1:
+            found.append(("strategy+num_workers", f"strategy={strategy} trains on one machine, "
+                          f"but num_workers={workers}: use multi_worker (or auto)"))  # fmt: skip
     return found
 
 

@@ -15,6 +15,7 @@ Usage (as compiled into the spec): python -m pipelines.kfp_entrypoint <TFX entry
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -38,6 +39,11 @@ BEAM_ARGS_PARAMETER = "beam_args"
 LAUNCHER_OUTPUTS = frozenset({"executor-logs"})
 
 
+# Set for the step: `<pipeline root>/<pipeline name>` of the run as it actually runs (the root
+# may differ from the compiled one). The Trainer keeps its backups there (components/trainer.py).
+PIPELINE_FOLDER_ENV = "KFP_PIPELINE_FOLDER"
+
+
 class MissingInputError(ActionableError, FileNotFoundError):
     """An input artifact has no files where the launcher put its local copy."""
 
@@ -57,6 +63,18 @@ def prepare(executor_input: dict, local_root: str | None = None) -> dict[str, st
     path -> remote URI."""
     drop_launcher_outputs(executor_input)
     return localize(executor_input, local_root)
+
+
+def pipeline_folder(executor_input: dict) -> str | None:
+    """`<pipeline root>/<pipeline name>` from an output URI, which the 2.5 driver builds as
+    `<pipeline root>/<pipeline name>/<run id>/<task>/<salt>/<output>` (driver.go
+    provisionOutputs, metadata/client.go GenerateOutputURI and the run root of GetPipeline)."""
+    for artifacts in executor_input.get("outputs", {}).get("artifacts", {}).values():
+        for artifact in artifacts.get("artifacts", []):
+            parts = artifact.get("uri", "").rsplit("/", 4)
+            if len(parts) == 5 and "://" in parts[0]:
+                return parts[0]
+    return None
 
 
 def drop_launcher_outputs(executor_input: dict) -> None:
@@ -161,6 +179,9 @@ def main(argv: list[str]) -> int:
     executor_input = json.loads(argv[position])
     if INPUTS_SPEC_FLAG in argv:
         add_input_types(executor_input, json.loads(argv[argv.index(INPUTS_SPEC_FLAG) + 1]))
+    folder = pipeline_folder(executor_input)
+    if folder:
+        os.environ[PIPELINE_FOLDER_ENV] = folder
     try:
         remote_of = prepare(executor_input)
         beam_args = take_beam_args(executor_input)
@@ -172,6 +193,10 @@ def main(argv: list[str]) -> int:
     from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor as tfx_entrypoint
 
     argv.extend(beam_args)
+    # The step's notes (components' INFO lines: spans, training progress, decisions) belong in
+    # its log, which the UI shows; the libraries' imports leave the root logger at WARNING.
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(logging.INFO)
     tfx_entrypoint.main(tfx_entrypoint._parse_flags(argv))
     restore_remote_uris(executor_input["outputs"]["outputFile"], remote_of)
     return 0

@@ -8,6 +8,7 @@ reason the backend's code gives (kubeflow/README.md lists them):
   cache, and neither is a step without inputs (UNCACHED_STEPS, kubeflow/README.md "Caching");
 - task names become DNS-1123 labels (`ExampleGen` -> `example-gen`): Argo 3.5 names the pods of
   a task with a retry policy after the task, without lower-casing it;
+- the Trainer task gets a retry policy (`trainer_retries`), see trainer_retry_policy;
 - every step runs `pipelines.kfp_entrypoint` (TFX's entry point on the launcher's local copies
   of the artifacts, see there), in the CPU image with CPU and memory limits; the Trainer runs in
   the GPU image and requests `nvidia.com/gpu`;
@@ -25,7 +26,13 @@ from typing import Any
 
 import yaml
 
-from pipelines.config import RUN_PARAMETERS, SPEC_PATH, PipelineConfig, kubernetes_quantity
+from pipelines.config import (
+    RUN_PARAMETERS,
+    SPEC_PATH,
+    ConfigError,
+    PipelineConfig,
+    kubernetes_quantity,
+)
 
 ENTRYPOINT = ["python", "-m", "pipelines.kfp_entrypoint"]
 TRAINER = "Trainer"
@@ -46,6 +53,12 @@ INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
 
 def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(PipelineSpec, PlatformSpec) as dicts, ready to be written as two YAML documents."""
+    if config.num_workers > 1:
+        raise ConfigError(
+            f"num_workers={config.num_workers}: multi-worker training on Kubeflow (a TFJob) is "
+            "not compiled yet; compile with num_workers=1 (one pod, every GPU of its node via "
+            "strategy=auto), or train with several workers locally (tkp run)"
+        )
     from tfx import v1 as tfx
 
     from pipelines.pipeline import create_pipeline
@@ -63,6 +76,8 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
             parameter["defaultValue"] = RUN_PARAMETERS[name](getattr(config, name))
     for step in UNCACHED_STEPS:
         spec["root"]["dag"]["tasks"][step]["cachingOptions"] = {"enableCache": False}
+    if config.trainer_retries:
+        spec["root"]["dag"]["tasks"][TRAINER]["retryPolicy"] = trainer_retry_policy(config)
     _beam_args_as_parameter(spec, config)
     _tasks_as_dns_labels(spec)
 
@@ -87,6 +102,18 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
                     "count": str(config.gpu_count),
                 }
     return spec, _platform_spec(config, executors, trainer_executor)
+
+
+def trainer_retry_policy(config: PipelineConfig) -> dict:
+    """The Trainer task's retryPolicy. KFP 2.5 compiles it into an Argo retryStrategy
+    (backend/src/v2/compiler/argocompiler/container.go getTaskRetryStrategy): limit =
+    maxRetryCount, backoff duration in whole seconds, the factor truncated to an integer, and a
+    maxDuration only when backoffMaxDuration is set. That one counts from the first attempt, so
+    it is left unset: a long training must not lose its retries to its own length. Argo's
+    default policy retries a failed pod (non-zero exit, OOM kill); each retry resumes from the
+    training's backup (components/checkpoints.py). A pod deleted by a node preemption is not
+    retried: the next run of the pipeline resumes instead."""
+    return {"maxRetryCount": config.trainer_retries, "backoffDuration": "30s", "backoffFactor": 2}
 
 
 def _beam_args_as_parameter(spec: dict, config: PipelineConfig) -> None:

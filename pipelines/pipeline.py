@@ -9,6 +9,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Transform and TFMA need tf_
 from tfx import v1 as tfx  # noqa: E402
 
 from components.baseline import LatestPushedModel  # noqa: E402
+from components.checkpoints import CHECKPOINTS_FOLDER  # noqa: E402
 from components.evaluation import ThresholdEvaluator  # noqa: E402
 from components.example_gen import SpanCsvExampleGen  # noqa: E402
 from components.pusher import VersionedPusher  # noqa: E402
@@ -37,6 +38,24 @@ def runtime_parameters(config: PipelineConfig) -> dict[str, tfx.dsl.experimental
 def run_parameter_values(config: PipelineConfig) -> dict[str, str | int | float]:
     """The config's value of every run parameter, typed as its RuntimeParameter."""
     return {name: ptype(getattr(config, name)) for name, ptype in RUN_PARAMETERS.items()}
+
+
+def trainer_config(config: PipelineConfig) -> dict:
+    """The Trainer's custom_config: run_fn's settings that are not run parameters."""
+    return {
+        "batch_size": config.batch_size,
+        "learning_rate": config.learning_rate,
+        "hidden_units": list(config.hidden_units),
+        "mixed_precision": config.mixed_precision,
+        "strategy": config.strategy,
+        "num_workers": config.num_workers,
+        "early_stopping_patience": config.early_stopping_patience,
+        "checkpoint_root": f"{config.pipeline_root.rstrip('/')}/{CHECKPOINTS_FOLDER}",
+        "checkpoint_every_steps": config.checkpoint_every_steps,
+        "checkpoint_max_age_hours": config.checkpoint_max_age_hours,
+        "cache_training_data": config.cache_training_data,
+        "tensorboard_every_steps": config.tensorboard_every_steps,
+    }
 
 
 def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> tfx.dsl.Pipeline:
@@ -82,13 +101,10 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             schema=schema.outputs["schema"],
             train_steps=param["train_steps"],
             epochs=param["epochs"],
+            max_train_minutes=param["max_train_minutes"],
             eval_steps=config.eval_steps,
-            custom_config={
-                "batch_size": config.batch_size,
-                "learning_rate": config.learning_rate,
-                "hidden_units": list(config.hidden_units),
-                "mixed_precision": config.mixed_precision,
-            },
+            selection=select_spans.outputs["selection"],
+            custom_config=trainer_config(config),
         ).with_id("Trainer")
         baseline = LatestPushedModel(
             model=trainer.outputs["model"],

@@ -47,6 +47,8 @@ class RunSummary:
     spans: list[int] = dataclasses.field(default_factory=list)
     trained: bool | None = None  # False: no new data, nothing after SelectSpans ran
     decision: str = ""
+    # What the Trainer reported (components/trainer.py SUMMARY_PROPERTIES).
+    training: dict[str, str | int | float] = dataclasses.field(default_factory=dict)
 
 
 def _store(config: PipelineConfig) -> metadata_store.MetadataStore:
@@ -62,6 +64,19 @@ def _latest_output(store, execution_id: int) -> dict[str, metadata_store_pb2.Art
     outputs = {e.path.steps[0].key: e.artifact_id for e in events if e.type in kinds}
     artifacts = {a.id: a for a in store.get_artifacts_by_id(list(outputs.values()))}
     return {key: artifacts[artifact_id] for key, artifact_id in outputs.items()}
+
+
+def latest_step_outputs(
+    config: PipelineConfig, node: str
+) -> dict[str, metadata_store_pb2.Artifact]:
+    """The outputs of `node`'s newest execution in the local ML Metadata ({} when it never ran)."""
+    if not Path(config.metadata_path).exists():
+        return {}
+    store = _store(config)
+    context = store.get_context_by_type_and_name("node", f"{config.pipeline_name}.{node}")
+    executions = store.get_executions_by_context(context.id) if context else []
+    done = [e for e in executions if e.last_known_state == metadata_store_pb2.Execution.COMPLETE]
+    return _latest_output(store, max(done, key=lambda e: e.id).id) if done else {}
 
 
 def last_execution_id(config: PipelineConfig) -> int:
@@ -106,6 +121,11 @@ def read_summary(
         props = selection["decision"].custom_properties
         summary.trained = props["train"].int_value == 1
         summary.decision = props["reason"].string_value
+    if "model_run" in outputs.get("Trainer", {}):
+        for name, value in outputs["Trainer"]["model_run"].custom_properties.items():
+            kind = value.WhichOneof("value")
+            if kind in ("int_value", "double_value", "string_value"):
+                summary.training[name] = getattr(value, kind)
     if "baseline_model" in outputs.get("LatestPushedModel", {}):
         props = outputs["LatestPushedModel"]["baseline_model"].custom_properties
         version = props["baseline_version"].int_value if "baseline_version" in props else -1
@@ -138,6 +158,8 @@ def format_summary(summary: RunSummary) -> str:
     if summary.trained is False:
         lines.append(summary.decision)
         return "\n".join(lines)
+    if summary.training:
+        lines.append(_training_line(summary.training))
     overall = summary.metrics.get("overall", {})
     if overall:
         shown = ", ".join(
@@ -166,3 +188,15 @@ def format_summary(summary: RunSummary) -> str:
     lines.extend(f"  failed threshold: {failure}" for failure in summary.validation_failures)
     lines.append(f"Pushed: {summary.pushed_path or 'nothing pushed'}")
     return "\n".join(lines)
+
+
+def _training_line(training: dict) -> str:
+    replicas, workers = training.get("replicas", 1), training.get("workers", 1)
+    line = (
+        f"Training: {training.get('steps', '?')} steps on {replicas} replica(s), "
+        f"{workers} worker(s), {training.get('examples_per_second', 0):,.0f} examples/s"
+    )
+    if training.get("resumed"):
+        line += ", resumed from its backup"
+    stopped = training.get("stopped", "completed")
+    return line + ("" if stopped == "completed" else f"; {stopped}")

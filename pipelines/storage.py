@@ -25,6 +25,36 @@ from pipelines.errors import ActionableError
 if FileSystems._pipeline_options is None:  # Beam's S3 client refuses to start without options
     FileSystems.set_options(PipelineOptions([]))
 
+
+def _reuse_boto3_clients() -> None:
+    """Beam builds a new boto3 session and S3 client for every FileSystems call (two for a
+    match): about 0.4 s of CPU each, 95 % of a listing's time against a local store. A boto3
+    client is thread-safe and depends only on its settings and the AWS_* environment it was
+    built in, so one client per such key is kept and shared."""
+    from apache_beam.io.aws.clients.s3 import boto3_client
+
+    if getattr(boto3_client.Client, "_reused", False) or boto3_client.boto3 is None:
+        return
+    build = boto3_client.Client.__init__
+    clients: dict = {}
+
+    def __init__(self, options):
+        settings = options.get_all_options() if isinstance(options, PipelineOptions) else options
+        environment = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        key = repr((os.getpid(),  # a forked child must not share the parent's sockets
+                    sorted((k, str(v)) for k, v in settings.items() if k.startswith("s3_")),
+                    sorted(environment.items())))  # fmt: skip
+        if key not in clients:
+            build(self, options)
+            clients[key] = self.client
+        self.client = clients[key]
+
+    boto3_client.Client.__init__ = __init__
+    boto3_client.Client._reused = True
+
+
+_reuse_boto3_clients()
+
 _MiB = 1024 * 1024
 # copy_tree streams every file: nothing holds a whole file in memory, and no object goes up in one
 # PUT (S3 caps a single PUT at 5 GB). Through boto3's managed transfer, a file of at least
@@ -200,9 +230,12 @@ def delete_files(paths: list[str]) -> None:
 
 
 def delete_tree(folder: str) -> int:
-    """Deletes every file under `folder`; returns how many."""
+    """Deletes every file under `folder` (and, on local disk, the emptied folders); returns how
+    many files."""
     files = list_files(folder.rstrip("/") + "/**")
     delete_files(files)
+    if "://" not in folder and os.path.isdir(folder):
+        shutil.rmtree(folder, ignore_errors=True)
     return len(files)
 
 

@@ -30,6 +30,7 @@ import json
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,11 @@ _PLAYED_REFERENCE = re.compile(
     r"inputs\.parameter_values\['[^']*'\]"
     r"|inputs\.artifacts\['[^']*'\]\.artifacts\[\d+\]\.metadata\['[^']*'\]"
 )
+
+
+# PipelineTaskSpec.RetryPolicy (pipeline_spec.proto); argocompiler/container.go
+# getTaskRetryStrategy reads all four.
+_RETRY_FIELDS = {"maxRetryCount", "backoffDuration", "backoffFactor", "backoffMaxDuration"}
 
 
 def _condition_played(condition: str) -> bool:
@@ -115,7 +121,9 @@ def check_supported(spec: dict, parameter_values: dict, platform: dict | None = 
                 f"{task_name}: a condition reading more than parameter values and artifact "
                 f"metadata is not played: {policy['condition']}"
             )
-        for unplayed in ("retryPolicy", "parameterIterator", "artifactIterator"):
+        if set(task.get("retryPolicy", {})) - _RETRY_FIELDS:
+            raise UnsupportedByKubeflow(f"{task_name}: retryPolicy {sorted(task['retryPolicy'])}")
+        for unplayed in ("parameterIterator", "artifactIterator"):
             if unplayed in task:
                 raise UnsupportedByKubeflow(f"{task_name}: {unplayed} is not played yet; teach it")
         for name, source in task.get("inputs", {}).get("parameters", {}).items():
@@ -169,11 +177,16 @@ class Backend:
         work_dir: Path,
         namespace: str = "kubeflow",
         publish_logs: bool = True,
+        interrupt: dict[str, Callable[[], bool]] | None = None,
     ):
         if not pipeline_root.startswith("s3://"):
             raise UnsupportedByKubeflow(f"pipeline root {pipeline_root}: only s3:// is played")
         self.pipeline_root, self.images, self.secrets = pipeline_root.rstrip("/"), images, secrets
         self.work_dir, self.namespace, self.publish_logs = work_dir, namespace, publish_logs
+        # Test hook: task name -> a predicate; the task's first pod is SIGKILLed once it holds
+        # (a crash mid-step). `retry_waits` lists the backoffs Argo would have waited.
+        self.interrupt = dict(interrupt or {})
+        self.retry_waits: list[tuple[str, int]] = []
         # config/s3.go: the session of an s3 root whose kfp-launcher ConfigMap names no provider.
         self.metadata = kfp_store.MetadataStore({"Provider": "s3", "Params": {"fromEnv": "true"}})
 
@@ -252,7 +265,35 @@ class Backend:
             self.metadata.new_execution(task_name, run.run_id, "CACHED", outputs)
             return TaskResult("cached", self._as_inputs(outputs))
 
-        pod_root = self.work_dir / "pods" / run.run_id / task_name
+        log_path = self.work_dir / "logs" / run.run_id / f"{task_name}.log"
+        attempts = 1 + int(task.get("retryPolicy", {}).get("maxRetryCount", 0))
+        for attempt in range(attempts):
+            try:
+                outputs = self._attempt(
+                    spec, platform, run, task_name, executor_input, log_path, attempt
+                )
+                break
+            except (TaskFailed, kfp_store.ArtifactRecordError) as failure:
+                # Argo's default retryPolicy OnFailure (workflow_types.go RetryPolicyActual)
+                # retries a failed pod, a non-zero exit or an OOM kill alike, until `limit`.
+                if attempt + 1 < attempts:
+                    self.retry_waits.append((task_name, _backoff(task["retryPolicy"], attempt)))
+                    continue
+                self.metadata.new_execution(task_name, run.run_id, "FAILED", {})
+                raise TaskFailed(str(failure)) from failure
+        execution = self.metadata.new_execution(task_name, run.run_id, "COMPLETE", outputs)
+        if fingerprint:
+            self.metadata.add_cache_entry(fingerprint, pipeline_name, self.namespace, execution)
+        return TaskResult("executed", self._as_inputs(outputs), log_path)
+
+    def _attempt(self, spec, platform, run, task_name, executor_input, log_path, attempt):
+        """One pod of the task (Argo retries re-run the launcher pod with the same executor
+        input: the driver ran once, so output URIs and the execution stay the same)."""
+        task = spec["root"]["dag"]["tasks"][task_name]
+        component = spec["components"][task["componentRef"]["name"]]
+        label = component["executorLabel"]
+        container = spec["deploymentSpec"]["executors"][label]["container"]
+        pod_root = self.work_dir / "pods" / run.run_id / f"{task_name}-{attempt}"
         pod = kfp_launcher.Pod.create(
             pod_root,
             self._image_env(container["image"]),
@@ -260,26 +301,21 @@ class Backend:
             self._secret_env(platform, label),
             container.get("resources", {}).get("memoryLimit"),
         )
-        log_path = self.work_dir / "logs" / run.run_id / f"{task_name}.log"
+        executor_input = json.loads(json.dumps(executor_input))
         # The pod's "/" is its root folder here: the output metadata file lives in its /tmp.
         executor_input["outputs"]["outputFile"] = str(pod.path(kfp_launcher.OUTPUT_METADATA_FILE))
+        kill_when = self.interrupt.pop(task_name, None) if attempt == 0 else None
         try:
             artifacts = kfp_launcher.launch(
-                pod, executor_input, component, container, run.run_root, log_path, cwd=REPO_ROOT
-            )
-            outputs = {
+                pod, executor_input, component, container, run.run_root, log_path,
+                cwd=REPO_ROOT, kill_when=kill_when, attempt=attempt,
+            )  # fmt: skip
+            return {
                 name: self.metadata.record_artifact(name, artifact)
                 for name, artifact in artifacts.items()
             }
-        except (TaskFailed, kfp_store.ArtifactRecordError) as failure:
-            self.metadata.new_execution(task_name, run.run_id, "FAILED", {})
-            raise TaskFailed(str(failure)) from failure
         finally:
             shutil.rmtree(pod_root, ignore_errors=True)  # the pod and its volumes are gone
-        execution = self.metadata.new_execution(task_name, run.run_id, "COMPLETE", outputs)
-        if fingerprint:
-            self.metadata.add_cache_entry(fingerprint, pipeline_name, self.namespace, execution)
-        return TaskResult("executed", self._as_inputs(outputs), log_path)
 
     def expire(self, run: PipelineRun) -> int:
         """Deletes every object a run wrote under its root, as an object-store lifecycle rule
@@ -329,6 +365,13 @@ class Backend:
                     )
                 environment[mapping["envVar"]] = values[mapping["secretKey"]]
         return environment
+
+
+def _backoff(policy: dict, attempt: int) -> int:
+    """Seconds Argo waits before retry `attempt + 1`: duration x factor^attempt, the duration in
+    whole seconds and the factor truncated to an integer (container.go getTaskRetryStrategy)."""
+    duration = int(float(policy.get("backoffDuration", "0s").rstrip("s")))
+    return duration * int(policy.get("backoffFactor", 0) or 1) ** attempt
 
 
 def evaluate_condition(executor_input: dict, condition: str) -> bool:

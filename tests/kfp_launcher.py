@@ -118,9 +118,10 @@ class Pod:
     def path(self, absolute: str) -> Path:
         return self.root / absolute.lstrip("/")
 
-    def run(self, command: list[str], log_path: Path, cwd: Path) -> int:
+    def run(self, command: list[str], log_path: Path, cwd: Path, kill_when=None) -> int:
         """Runs the container's process; kills it (exit 137, as the kernel's OOM killer does to a
-        container over its cgroup limit) when the RSS of its process tree exceeds the limit."""
+        container over its cgroup limit) when the RSS of its process tree exceeds the limit, and
+        with SIGKILL once `kill_when()` is true (a process killed mid-step, by a test)."""
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 command, env=self.environment, cwd=cwd, stdout=log, stderr=subprocess.STDOUT
@@ -128,16 +129,24 @@ class Pod:
             watched = psutil.Process(process.pid)
             while process.poll() is None:
                 if self.memory_limit_bytes and _tree_rss(watched) > self.memory_limit_bytes:
-                    for member in watched.children(recursive=True) + [watched]:
-                        try:
-                            member.kill()
-                        except psutil.NoSuchProcess:
-                            pass
-                    process.wait()
+                    _kill_tree(watched, process)
                     log.write(f"\nOOMKilled: over {self.memory_limit_bytes:.0f} bytes\n".encode())
                     return OOM_KILLED
+                if kill_when is not None and kill_when():
+                    _kill_tree(watched, process)
+                    log.write(b"\nKilled: SIGKILL (interrupted by the test)\n")
+                    return process.returncode
                 time.sleep(0.1)
             return process.returncode
+
+
+def _kill_tree(watched: psutil.Process, process: subprocess.Popen) -> None:
+    for member in watched.children(recursive=True) + [watched]:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    process.wait()
 
 
 def _tree_rss(process: psutil.Process) -> int:
@@ -200,6 +209,8 @@ def launch(
     run_root: str,
     log_path: Path,
     cwd: Path,
+    kill_when=None,
+    attempt: int = 0,
 ) -> dict[str, dict]:
     """component/launcher_v2.go executeV2 and execute, for one task: returns output key ->
     runtime artifact (URI and metadata as merged), after uploading each output. Nothing is
@@ -232,9 +243,11 @@ def launch(
     else:
         log_file = pod.path("/tmp/harness-task.log")
 
-    returncode = pod.run(command, log_file, cwd)
+    returncode = pod.run(command, log_file, cwd, kill_when)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_bytes(log_file.read_bytes())
+    with open(log_path, "ab" if attempt else "wb") as log:  # every attempt's log, in order
+        log.write(f"--- attempt {attempt + 1} ---\n".encode() if attempt else b"")
+        log.write(log_file.read_bytes())
     if returncode != 0:
         tail = log_path.read_text(errors="replace")[-4000:]
         raise TaskFailed(f"exited {returncode}; log {log_path}:\n{tail}")

@@ -29,6 +29,7 @@ RUN_CONSOLE = re.compile(
     r"|\[\d+/10\] \w+ (\.\.\.|finished in .*|skipped after .*)|      \S.*"
     r"|Pipeline run summary|-+|  \w+ +(ran|cached) +[\d.]+ s|Data span: \d+|Evaluation \(.*"
     r"|  payment_type=.*|Compared with the served model: .*|Blessed: (yes|NO)"
+    r"|Training: \d+ steps on \d+ replica\(s\), \d+ worker\(s\), [\d,]+ examples/s.*"
     r"|  failed threshold: .*|Pushed: .*|Predictions of .*|  payment_type +fare +miles .*"
     r"|  [A-Za-z ]+ +[\d.]+ +[\d.]+ +[\d.]+ +[01]|Object store left running at .*|Done in \d+ s\."
 )

@@ -196,3 +196,33 @@ def test_run_parameters_follow_the_config_rules(values, named):
 
 def test_run_parameters_within_the_rules_pass():
     check_run_parameters("Evaluator", {"min_auc": 0, "min_accuracy": 1.0, "max_auc_drop": 0.0})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"strategy": "parameter_server"}, "strategy=parameter_server is not supported: "
+         "parameter_server needs parameter-server tasks"),
+        ({"strategy": "tpu"}, "strategy=tpu is not supported: tpu needs Cloud TPU nodes"),
+        ({"strategy": "horovod"}, "strategy must be auto or one_device or mirrored or "
+         "multi_worker, got 'horovod'"),
+        ({"strategy": "multi_worker"}, "strategy=multi_worker needs num_workers of 2 or more"),
+        ({"strategy": "mirrored", "num_workers": "3"}, "strategy=mirrored trains on one "
+         "machine, but num_workers=3: use multi_worker (or auto)"),
+        ({"num_workers": "0"}, "num_workers must be between 1 and 64, got 0"),
+        ({"max_train_minutes": "0"}, "max_train_minutes must be between 0.1 and 10080"),
+        ({"trainer_retries": "11"}, "trainer_retries must be between 0 and 10"),
+    ],
+)  # fmt: skip
+def test_training_settings_are_refused_when_the_config_is_built(overrides, expected):
+    """Nothing fails half-way through a run: a strategy that cannot work stops the config."""
+    with pytest.raises(ConfigError) as error:
+        PipelineConfig.load(overrides, environ={})
+    assert expected in str(error.value)
+    assert "(from --set" in str(error.value)
+
+
+def test_multi_worker_settings_are_accepted():
+    config = PipelineConfig.load({"strategy": "multi_worker", "num_workers": "2"}, environ={})
+    assert (config.strategy, config.num_workers) == ("multi_worker", 2)
+    assert PipelineConfig.load({"num_workers": "4"}, environ={}).strategy == "auto"

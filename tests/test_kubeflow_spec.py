@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from components import registry
 from components.registry import complete_versions as pushed_versions
 from components.registry import versions_dir as serving_model_dir
 from pipelines import data, kubeflow_runner, serving, storage
-from pipelines.config import REPO_ROOT, PipelineConfig
+from pipelines.config import REPO_ROOT, ConfigError, PipelineConfig
 from tests import kfp_harness
 
 
@@ -128,6 +129,19 @@ def test_task_names_that_collide_or_are_not_labels_stop_the_compile():
             kubeflow_runner._tasks_as_dns_labels(spec)
 
 
+def _throttled(check, seconds: float = 1.0):
+    """`check()` at most every `seconds` (the harness polls every 0.1 s)."""
+    last = [0.0]
+
+    def throttled() -> bool:
+        if time.monotonic() - last[0] < seconds:
+            return False
+        last[0] = time.monotonic()
+        return check()
+
+    return throttled
+
+
 def _backend(bucket: str, work_dir) -> kfp_harness.Backend:
     """KFP 2.5 in namespace `kubeflow`: the compiled images' Dockerfiles, the credentials Secret."""
     config = PipelineConfig()
@@ -160,9 +174,20 @@ def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_bles
         "min_accuracy": 0.6,
     }
     backend = _backend(bucket, tmp_path)
+    # The Trainer's pod is killed (SIGKILL) once its first epoch is backed up; the backend
+    # retries it (retryPolicy, as Argo's default OnFailure policy does) and it resumes there.
+    backups = f"s3://{bucket}/pipeline_root/taxi-tips/_checkpoints/*/chief/checkpoint"
+    backend.interrupt["trainer"] = _throttled(lambda: bool(storage.list_files(backups)))
     first = backend.run(*documents, parameters)
 
     assert {t.state for t in first.tasks.values()} == {"executed"}
+    assert backend.retry_waits == [("trainer", 30)]
+    # The harness's log of the task holds every attempt; the launcher uploads the last one's.
+    killed, retried = first.tasks["trainer"].log_path.read_text().split("--- attempt 2 ---")
+    assert "Killed: SIGKILL" in killed and "(new)" in killed
+    assert "(resuming)" in retried
+    assert first.outputs("trainer")["model_run"]["metadata"]["resumed"] == 1
+    assert not storage.list_files(backups)  # the finished training removed its backup
     examples = first.outputs("example-gen")["examples"]
     assert examples["metadata"]["span"] == 0 and examples["uri"].startswith(first.run_root)
     assert storage.list_files(first.outputs("transform")["transform_graph"]["uri"] + "/**")
@@ -242,3 +267,21 @@ def test_a_run_parameter_breaking_a_rule_stops_the_step_that_receives_it(
     backend = _backend(bucket, tmp_path)
     with pytest.raises(kfp_harness.TaskFailed, match="invalid run parameter: span must be -1"):
         backend.run(spec, documents[1], {"data_root": f"s3://{bucket}/data", "span": -2})
+
+
+def test_trainer_task_carries_the_retry_policy_argo_needs(documents):
+    spec, _ = documents
+    tasks = spec["root"]["dag"]["tasks"]
+    policy = tasks["trainer"]["retryPolicy"]
+    assert policy == {"maxRetryCount": PipelineConfig().trainer_retries,
+                      "backoffDuration": "30s", "backoffFactor": 2}  # fmt: skip
+    assert "backoffMaxDuration" not in policy  # Argo would count it from the first attempt
+    assert [name for name, task in tasks.items() if "retryPolicy" in task] == ["trainer"]
+    assert kubeflow_runner.trainer_retry_policy(PipelineConfig(trainer_retries=5)) == {
+        **policy, "maxRetryCount": 5,
+    }  # fmt: skip
+
+
+def test_multi_worker_is_refused_at_compile_until_it_runs_as_a_tfjob():
+    with pytest.raises(ConfigError, match="TFJob"):
+        kubeflow_runner.compile_documents(PipelineConfig(num_workers=2))

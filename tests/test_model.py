@@ -1,17 +1,17 @@
 """run_fn end to end on a tiny, really transformed data set; plus the device decisions."""
 
+import json
 import logging
 import os
 
-import attr
 import numpy as np
 import pytest
 import tensorflow as tf
 from sklearn.metrics import roc_auc_score
 from tfx.components.trainer import fn_args_utils
 
-from components import features, model
-from tests.trained_model import EPOCHS, EVAL_ROWS, fn_args_for
+from components import distribution, features, model
+from tests.trained_model import EVAL_ROWS, fn_args_for
 
 
 def test_exported_model_scores_raw_examples(trained, to_examples):
@@ -40,12 +40,15 @@ def test_exported_transform_features_signature(trained, to_examples):
     assert transformed[features.transformed_name("trip_miles")].shape == (4,)
 
 
-def test_tensorboard_logs_and_epoch_checkpoints(trained):
+def test_tensorboard_logs_and_a_finished_training_leaves_no_backup(trained):
     fn_args, _ = trained
     logs = tf.io.gfile.glob(f"{fn_args.model_run_dir}/logs/*/events.out.tfevents.*")
     assert {os.path.basename(os.path.dirname(p)) for p in logs} == {"train", "validation"}
-    latest = tf.train.latest_checkpoint(f"{fn_args.model_run_dir}/checkpoints")
-    assert latest.endswith(model.CHECKPOINT_NAME.format(epoch=EPOCHS))
+    assert not os.path.exists(f"{fn_args.model_run_dir}/backup")
+    summary = json.loads(open(f"{fn_args.model_run_dir}/{model.TRAINING_SUMMARY}").read())
+    assert summary["steps"] == 30 and summary["stopped"] == "completed"
+    assert (summary["strategy"], summary["replicas"], summary["workers"]) == ("one_device", 1, 1)
+    assert summary["examples_per_second"] > 0
 
 
 def _run_and_get_log_line(fn_args: fn_args_utils.FnArgs, caplog) -> str:
@@ -54,19 +57,6 @@ def _run_and_get_log_line(fn_args: fn_args_utils.FnArgs, caplog) -> str:
         model.run_fn(fn_args)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Training:")]
     return line
-
-
-def test_restarted_trainer_resumes_from_the_last_checkpoint(trained, tmp_path, to_examples, caplog):
-    """Same model_run_dir, as when the orchestrator retries: nothing left to train."""
-    fn_args, eval_frame = trained
-    retry = attr.evolve(fn_args, serving_model_dir=str(tmp_path / "serving_model"))
-    assert f"epochs={EPOCHS} (from {EPOCHS})" in _run_and_get_log_line(retry, caplog)
-    examples = tf.constant(to_examples(eval_frame.head(20), with_label=False))
-    first, second = (
-        tf.saved_model.load(d).signatures["serving_default"](examples=examples)["outputs"]
-        for d in (fn_args.serving_model_dir, retry.serving_model_dir)
-    )
-    np.testing.assert_allclose(first.numpy(), second.numpy(), rtol=1e-6)
 
 
 def test_mixed_precision_run_serves_float32(tmp_path, transformed, to_examples, caplog):
@@ -92,26 +82,60 @@ def test_mixed_precision_run_serves_float32(tmp_path, transformed, to_examples, 
 # The test machine has no GPU, so GPUs are faked at the device-list boundary: choose_strategy
 # takes the visible devices as an argument. MirroredStrategy only names its devices when built,
 # so it can be constructed for GPUs that aren't there as long as nothing runs on them.
+TWO_WORKERS = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
 
 
 @pytest.mark.parametrize(
-    ("num_gpus", "kind"), [(0, "cpu"), (1, "gpu"), (2, "mirrored"), (8, "mirrored")]
+    ("setting", "num_gpus", "tf_config", "kind"),
+    [
+        ("auto", 0, {}, "cpu"),
+        ("auto", 1, {}, "gpu"),
+        ("auto", 2, {}, "mirrored"),
+        ("auto", 8, {}, "mirrored"),
+        ("auto", 0, TWO_WORKERS, "multi_worker"),
+        ("one_device", 4, {}, "gpu"),
+        ("one_device", 0, {}, "cpu"),
+        ("mirrored", 1, {}, "mirrored"),
+        ("mirrored", 0, {}, "mirrored"),
+        ("multi_worker", 2, TWO_WORKERS, "multi_worker"),
+    ],
 )
-def test_strategy_kind(num_gpus, kind):
-    assert model.strategy_kind(num_gpus) == kind
+def test_strategy_kind(setting, num_gpus, tf_config, kind):
+    assert distribution.strategy_kind(setting, num_gpus, tf_config) == kind
+
+
+def test_multi_worker_without_a_cluster_is_refused_before_training():
+    with pytest.raises(ValueError, match="TF_CONFIG naming two or more tasks"):
+        distribution.strategy_kind("multi_worker", 0, {})
+
+
+def test_chief_is_the_chief_task_or_worker_0():
+    assert distribution.is_chief({})
+    assert not distribution.is_chief(TWO_WORKERS)
+    assert distribution.is_chief({**TWO_WORKERS, "task": {"type": "worker", "index": 0}})
+    with_chief = {"cluster": {"chief": ["c:1"], "worker": ["a:1"]}}
+    assert distribution.is_chief({**with_chief, "task": {"type": "chief", "index": 0}})
+    assert not distribution.is_chief({**with_chief, "task": {"type": "worker", "index": 0}})
+
+
+def test_batch_and_learning_rate_follow_the_replicas():
+    assert distribution.global_batch_size(128, 8) == 1024
+    assert distribution.scaled_learning_rate(0.003, 1) == 0.003
+    assert distribution.scaled_learning_rate(0.003, 4) == pytest.approx(0.006)
 
 
 def test_choose_strategy_without_gpus_uses_the_cpu():
-    strategy = model.choose_strategy(gpus=[])
+    strategy = distribution.choose_strategy("auto", gpus=[])
     assert isinstance(strategy, tf.distribute.OneDeviceStrategy)
     assert strategy.extended.worker_devices[0].endswith("CPU:0")
 
 
 def test_choose_strategy_with_two_fake_gpus_mirrors():
     """Boundary: a fake device list; the strategy is built but never runs anything."""
-    strategy = model.choose_strategy(gpus=["fake-gpu-0", "fake-gpu-1"])
+    strategy = distribution.choose_strategy("auto", gpus=["fake-gpu-0", "fake-gpu-1"])
     assert isinstance(strategy, tf.distribute.MirroredStrategy)
     assert [d[-5:] for d in strategy.extended.worker_devices] == ["GPU:0", "GPU:1"]
+    assert distribution.name_of(strategy) == "mirrored"
 
 
 @pytest.mark.parametrize(

@@ -138,8 +138,11 @@ class _UploadRecorder:
 
     def attach(self, client):
         for operation in self.OPERATIONS:
-            client.meta.events.register(f"before-parameter-build.s3.{operation}", self._start)
-            client.meta.events.register(f"after-call.s3.{operation}", self._end)
+            # unique_id: s3_client() hands out one client per process, attached once.
+            client.meta.events.register(f"before-parameter-build.s3.{operation}", self._start,
+                                        unique_id=f"recorder-start-{operation}")  # fmt: skip
+            client.meta.events.register(f"after-call.s3.{operation}", self._end,
+                                        unique_id=f"recorder-end-{operation}")  # fmt: skip
         return client
 
     def _start(self, params, model, context, **_):
@@ -165,6 +168,7 @@ def test_saved_model_pb_goes_up_after_every_other_file_has_finished(
     (source / "saved_model.pb").write_bytes(b"graph")
     recorder = _UploadRecorder()
     real_client = object_store_module.s3_client
+    monkeypatch.setattr(object_store_module, "_CLIENTS", {})  # a client of this test's own
     monkeypatch.setattr(
         object_store_module, "s3_client", lambda *a, **k: recorder.attach(real_client(*a, **k))
     )

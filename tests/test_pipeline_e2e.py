@@ -89,6 +89,10 @@ def test_first_span_ends_with_a_pushed_model_that_answers(loop):
     assert summary.baseline_version is None and summary.auc_change is None
     assert summary.blessed is True
     assert summary.metrics["overall"]["auc"] > 0.7
+    training = summary.training
+    assert (training["strategy"], training["replicas"], training["workers"]) == ("one_device", 1, 1)
+    assert 0 < training["steps"] <= config.train_steps and training["examples_per_second"] > 0
+    assert "Training: " in format_summary(summary)
     assert any(name.startswith("payment_type=") for name in summary.metrics)
     assert summary.pushed_path == f"{config.serving_model_dir}/1"
     assert loop.served_after_first == 1

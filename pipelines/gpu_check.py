@@ -1,0 +1,110 @@
+"""`tkp gpu-check`: one script to run once on a machine with NVIDIA GPUs.
+
+Trains the default model (components/model.py `build_model`, the config's batch size and
+layers) for a fixed number of steps on the CPU, on one GPU and on all GPUs (MirroredStrategy),
+each in float32 and in mixed precision, and prints examples/second and the GPUs' mean
+utilisation (nvidia-smi, sampled every 0.2 s) for each. The batches are synthetic transformed
+features already in memory, so the figures are the model's and the device's, not the input's
+(`tkp bench-input` measures that). Without a GPU it prints the CPU rows and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+
+from pipelines.config import PipelineConfig
+
+
+def _batches(batch_size: int, count: int):
+    import tensorflow as tf
+
+    from components import preprocessing
+
+    rng = tf.random.Generator.from_seed(0)
+    features = {
+        name: rng.normal([count * batch_size, 1]) for name in preprocessing.NUMERIC_FEATURES
+    }
+    for name, ids in preprocessing.CATEGORICAL_FEATURES.items():
+        features[name] = rng.uniform([count * batch_size, 1], 0, ids, dtype=tf.int64)
+    labels = tf.cast(rng.uniform([count * batch_size, 1]) > 0.5, tf.float32)
+    data = tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch_size)
+    return data.cache().repeat()
+
+
+class _Utilisation:
+    """Mean GPU utilisation (%) from nvidia-smi while a block runs; None without nvidia-smi."""
+
+    def __init__(self):
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            values = [float(v) for v in out.stdout.split() if v.strip().isdigit()]
+            if values:
+                self.samples.append(statistics.mean(values))
+
+    def __enter__(self):
+        if shutil.which("nvidia-smi"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.mean(self.samples) if self.samples else None
+
+
+def run(config: PipelineConfig, steps: int = 300, say=print) -> list[dict]:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    from components import model
+
+    gpus = tf.config.list_logical_devices("GPU")
+    say(f"GPUs visible to TensorFlow: {len(gpus)}"
+        f"{'' if gpus else ' (no GPU: CPU rows only)'}")  # fmt: skip
+    if gpus:
+        say(f"cuDNN {tf.sysconfig.get_build_info().get('cudnn_version', '?')}")
+    setups = [("CPU", tf.distribute.OneDeviceStrategy("/cpu:0"))]
+    if gpus:
+        setups.append(("1 GPU", tf.distribute.OneDeviceStrategy("/gpu:0")))
+    if len(gpus) > 1:
+        setups.append((f"{len(gpus)} GPUs", tf.distribute.MirroredStrategy()))
+    rows = []
+    for name, strategy in setups:
+        for precision in ("float32", "mixed_float16"):
+            tf.keras.mixed_precision.set_global_policy(precision)
+            replicas = strategy.num_replicas_in_sync
+            batch = config.batch_size * replicas
+            with strategy.scope():
+                keras_model = model.build_model(list(config.hidden_units), config.learning_rate)
+            data = _batches(batch, 20)
+            keras_model.fit(data, steps_per_epoch=20, epochs=1, verbose=0)  # tracing, cache
+            with _Utilisation() as utilisation:
+                began = time.perf_counter()
+                keras_model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+                seconds = time.perf_counter() - began
+            row = {
+                "devices": name, "precision": precision, "replicas": replicas,
+                "examples_per_second": steps * batch / seconds,
+                "gpu_utilisation": utilisation.mean,
+            }  # fmt: skip
+            rows.append(row)
+            used = "-" if row["gpu_utilisation"] is None else f"{row['gpu_utilisation']:.0f} %"
+            say(f"  {name:<8} {precision:<14} {row['examples_per_second']:>12,.0f} examples/s"
+                f"   GPU utilisation {used}")  # fmt: skip
+    tf.keras.mixed_precision.set_global_policy("float32")
+    return rows
