@@ -287,10 +287,36 @@ def test_a_false_trigger_condition_skips_the_task_and_omits_its_dependents(backe
         backend.run(spec, PLATFORM, {})
 
 
+def test_a_killed_pod_is_retried_as_argo_does_and_fails_the_task_without_a_policy(backend):
+    """Argo's default OnFailure policy retries a failed pod up to maxRetryCount times, waiting
+    backoffDuration x int(backoffFactor)^n; without a retryPolicy the task fails."""
+    slow = {"script": "import time; time.sleep(20); write('out', 'x')", "outputs": ["out"]}
+    spec = spec_of({"producer": slow})
+    spec["root"]["dag"]["tasks"]["producer"]["retryPolicy"] = {
+        "maxRetryCount": 2, "backoffDuration": "3s", "backoffFactor": 2.9,
+    }  # fmt: skip
+    backend.interrupt["producer"] = lambda: True  # the first pod dies at once
+    run = backend.run(spec, PLATFORM, {})
+    assert run.tasks["producer"].state == "executed"
+    assert backend.retry_waits == [("producer", 3)]
+    log = run.tasks["producer"].log_path.read_text()
+    assert "Killed: SIGKILL" in log.split("--- attempt 2 ---")[0]
+
+    del spec["root"]["dag"]["tasks"]["producer"]["retryPolicy"]
+    backend.interrupt["producer"] = lambda: True
+    with pytest.raises(TaskFailed, match="task producer failed"):
+        backend.run(spec, PLATFORM, {})
+
+
+def test_harness_backoff_is_argos():
+    policy = {"maxRetryCount": 3, "backoffDuration": "30s", "backoffFactor": 2.7}
+    assert [kfp_harness._backoff(policy, n) for n in range(3)] == [30, 60, 120]
+
+
 @pytest.mark.parametrize(
     ("mutate", "complaint"),
     [
-        (lambda t: t.update(retryPolicy={"maxRetryCount": 2}), "retryPolicy"),
+        (lambda t: t.update(parameterIterator={"itemInput": "x"}), "parameterIterator"),
         (
             lambda t: t.update(triggerPolicy={"strategy": "ALL_UPSTREAM_TASKS_COMPLETED"}),
             "beyond a condition",
