@@ -59,7 +59,16 @@ def test_evaluator_refuses_thresholds_no_model_can_meet_or_that_invert_the_gate(
 
 def test_trainer_refuses_more_epochs_than_steps():
     with pytest.raises(ConfigError, match=r"Trainer: invalid run parameter: epochs \(8\) cannot"):
-        TunableTrainerExecutor().Do({}, {}, {"train_steps": 4, "epochs": 8})
+        TunableTrainerExecutor().Do(
+            {}, {}, {"train_steps": 4, "epochs": 8, "max_train_minutes": 5.0}
+        )
+
+
+def test_trainer_refuses_a_time_budget_out_of_range():
+    with pytest.raises(ConfigError, match="max_train_minutes must be between 0.1 and 10080"):
+        TunableTrainerExecutor().Do(
+            {}, {}, {"train_steps": 4, "epochs": 1, "max_train_minutes": 0.0}
+        )
 
 
 @pytest.mark.parametrize(
