@@ -208,12 +208,17 @@ def test_time_budget_stops_training_cleanly_and_exports(transformed, tmp_path, t
     )  # fmt: skip
     started = time.monotonic()
     model.run_fn(fn_args)
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 300  # 1,000,000 steps would take hours
     summary = json.loads(open(os.path.join(fn_args.model_run_dir, model.TRAINING_SUMMARY)).read())
     assert summary["stopped"].startswith("stopped on budget (0.1 min) at step ")
     assert 0 < summary["steps"] < 1_000_000
     assert summary["stopped"].endswith(f"at step {summary['steps']}")
-    assert _auc(fn_args.serving_model_dir, transformed[2], to_examples) > 0.5
+    # The budget counts from the Trainer's start, set-up included: on a busy machine it may stop
+    # at the first step, so the test asks for a valid export, not for a trained model.
+    serve = tf.saved_model.load(fn_args.serving_model_dir).signatures["serving_default"]
+    rows = to_examples(transformed[2].head(5), with_label=False)
+    scores = serve(examples=tf.constant(rows))["outputs"].numpy()
+    assert scores.shape == (5, 1) and ((scores > 0) & (scores < 1)).all()
 
 
 def test_early_stopping_ends_a_training_that_no_longer_improves(transformed, tmp_path):
