@@ -64,7 +64,7 @@ def run(input_dict, output_dict, exec_properties, workers: int, poll: float = 0.
     processes = []
     try:
         ports = free_ports(workers)
-        devices = gpu_split(_visible_gpus(), workers)
+        devices = gpu_split(visible_gpus(), workers)
         for index in range(workers):
             outputs = output_dict if index == 0 else _scratch_outputs(output_dict, work, index)
             job = {
@@ -102,7 +102,8 @@ def gpu_split(gpus: int, workers: int) -> list[str]:
     return [",".join(str(g) for g in range(i, gpus, workers)) for i in range(workers)]
 
 
-def _visible_gpus() -> int:
+def visible_gpus() -> int:
+    """GPUs this machine has (the physical ones: no TensorFlow context is created)."""
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU"))

@@ -74,18 +74,12 @@ def _backup_dir(input_dict, custom_config: dict, train_args: trainer_pb2.TrainAr
     parameters = {k: v for k, v in custom_config.items() if k not in _NOT_IN_KEY}
     parameters["train_steps"] = train_args.num_steps
     # The replicas (strategy auto uses every GPU) set the global batch and learning rate.
-    parameters["gpus"] = _visible_gpus()
+    parameters["gpus"] = local_workers.visible_gpus()
     key = checkpoints.training_key(selection["fingerprint"], schema, parameters)
     root = _backup_root(custom_config["checkpoint_root"])
     max_age = float(custom_config.get("checkpoint_max_age_hours", 72))
     checkpoints.remove_abandoned(root, max_age, keep=key)
     return storage.join(root, key)
-
-
-def _visible_gpus() -> int:
-    import tensorflow as tf
-
-    return len(tf.config.list_physical_devices("GPU"))
 
 
 def _backup_root(configured: str) -> str:
