@@ -165,20 +165,27 @@ def _tail(path: Path, lines: int) -> str:
 def main(job_file: str, index: str) -> None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from tfx.components.trainer import executor as trainer_executor
     from tfx.types import artifact_utils
 
     job = json.loads(Path(job_file).read_text())
     _log.info("Worker %s of TF_CONFIG %s", index, os.environ.get("TF_CONFIG"))
-    if os.environ.get("TF_CONFIG"):
-        from components import distribution
-
-        distribution.multi_worker_strategy()  # before TensorFlow runs anything (run_fn reuses it)
-    trainer_executor.GenericExecutor().Do(
+    run_executor(
         artifact_utils.parse_artifact_dict(job["inputs"]),
         artifact_utils.parse_artifact_dict(job["outputs"]),
         job["exec_properties"],
     )
+
+
+def run_executor(input_dict, output_dict, exec_properties: dict) -> None:
+    """One worker's training: TFX's stock Trainer executor, with the run parameters already
+    folded in by TunableTrainerExecutor (also a TFJob replica's, components/tfjob_replica.py)."""
+    from tfx.components.trainer import executor as trainer_executor
+
+    if os.environ.get("TF_CONFIG"):
+        from components import distribution
+
+        distribution.multi_worker_strategy()  # before TensorFlow runs anything (run_fn reuses it)
+    trainer_executor.GenericExecutor().Do(input_dict, output_dict, exec_properties)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ Trainer executor runs. It also:
 - names the training's backup folder by content (components/checkpoints.py), from the selected
   spans' fingerprint (the `selection` input), the curated schema and the training parameters,
   and removes backups abandoned longer than `checkpoint_max_age_hours`;
-- with `num_workers` > 1 runs the training as that many workers (components/local_workers.py);
+- with `num_workers` > 1 runs the training as that many workers: processes on this machine
+  (components/local_workers.py), or a TFJob when the step runs on Kubeflow (components/tfjob.py);
 - records what the training did (steps, replicas, examples/s, why it stopped) as custom
   properties of the model_run artifact, which the run summary prints.
 """
@@ -27,7 +28,7 @@ from tfx.types import artifact_utils, component_spec, standard_artifacts
 from tfx.types.standard_component_specs import TrainerSpec
 from tfx.utils import io_utils, proto_utils
 
-from components import checkpoints, local_workers
+from components import checkpoints, local_workers, tfjob
 from components.checkpoints import CHECKPOINTS_FOLDER
 from components.span_selection import SpanSelection, read_selection
 from pipelines import storage
@@ -39,7 +40,7 @@ RUN_PARAMETER_NAMES = ("train_steps", "epochs", "max_train_minutes")
 # (checkpoint_every_steps stays in: a step backup resumed in epoch mode would skip the rest of
 # its epoch.)
 _NOT_IN_KEY = ("checkpoint_root", "checkpoint_max_age_hours", "max_train_minutes",
-               "tensorboard_every_steps")  # fmt: skip
+               "tensorboard_every_steps", "tfjob")  # fmt: skip
 SUMMARY_PROPERTIES = (
     "strategy", "steps", "replicas", "workers", "examples_per_second", "stopped", "resumed",
 )  # fmt: skip
@@ -60,7 +61,9 @@ class TunableTrainerExecutor(trainer_executor.GenericExecutor):
             custom_config["checkpoint_dir"] = _backup_dir(input_dict, custom_config, train_args)
         properties["custom_config"] = json.dumps(custom_config)
         workers = int(custom_config.get("num_workers", 1))
-        if workers > 1:
+        if workers > 1 and os.environ.get(PIPELINE_FOLDER_ENV):  # a step on Kubeflow
+            tfjob.run(input_dict, output_dict, properties, workers)
+        elif workers > 1:
             local_workers.run(input_dict, output_dict, properties, workers)
         else:
             super().Do(input_dict, output_dict, properties)

@@ -2,7 +2,8 @@
 
 Local: run, add-span, store, watch. Served versions: models list, models show, rollback.
 Serving: serve (TF Serving's REST API), serving-sync (the mirror TF Serving reads), bench-serving.
-Training: bench-input (is training bound by its input pipeline?), gpu-check (on a GPU machine).
+Training: bench-input (is training bound by its input pipeline?), gpu-check (on a GPU machine),
+tensorboard (a training run's TensorBoard logs, copied to local disk and served).
 Kubeflow: compile, submit, schedule, pause, resume.
 
 The console shows progress, results and errors. Each command writes a log of its own,
@@ -139,6 +140,15 @@ def cmd_gpu_check(args: argparse.Namespace, config: PipelineConfig) -> int:
 
     gpu_check.run(config, args.steps, console.say)
     return 0
+
+
+def cmd_tensorboard(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import tensorboard
+
+    return tensorboard.main(
+        config, console.say, pipeline_root=args.pipeline_root, model_run_uri=args.model_run,
+        run=args.run, all_runs=args.all, serve=not args.no_serve, host=args.host, port=args.port,
+    )  # fmt: skip
 
 
 def cmd_bench_serving(args: argparse.Namespace, config: PipelineConfig) -> int:
@@ -394,6 +404,27 @@ def build_parser() -> argparse.ArgumentParser:
     gpu = add("gpu-check", cmd_gpu_check,
               "Examples/s, GPU use: CPU, 1 and all GPUs, float32 and mixed.")  # fmt: skip
     gpu.add_argument("--steps", type=_count, default=300, help="timed steps per setup")
+    board = add("tensorboard", cmd_tensorboard,
+                "Copy the newest training run's TensorBoard logs to .work/tensorboard/ and "
+                "serve them with TensorBoard.")  # fmt: skip
+    which = board.add_mutually_exclusive_group()
+    which.add_argument("--run", metavar="ID",
+                       help="this run instead of the newest: the Trainer's execution id (local) "
+                       "or the KFP run id (or its beginning)")  # fmt: skip
+    which.add_argument("--all", action="store_true",
+                       help="every run, side by side (a TensorBoard run folder each)")  # fmt: skip
+    board.add_argument("--pipeline-root", metavar="URI",
+                       help="where to look for Trainer runs (default: the config's "
+                       "pipeline_root); a Kubeflow pipeline root (s3://BUCKET/pipeline_root) "
+                       "works too")  # fmt: skip
+    which.add_argument("--model-run", metavar="URI",
+                       help="one Trainer model_run artifact, e.g. the URI the KFP UI shows for "
+                       "the trainer task")  # fmt: skip
+    board.add_argument("--no-serve", action="store_true",
+                       help="only copy the logs and print the folder")  # fmt: skip
+    board.add_argument("--host", default="127.0.0.1",
+                       help="address TensorBoard listens on (default: loopback only)")  # fmt: skip
+    board.add_argument("--port", type=_port, default=6006, help="TensorBoard's port")
     watch = add("watch", cmd_watch, "Start exactly one run per new complete span of the data root.")
     watch.add_argument("--once", action="store_true", help="poll once and exit (for a CronJob)")
     watch.add_argument("--interval", type=int, metavar="SECONDS",

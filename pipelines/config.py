@@ -34,6 +34,10 @@ from pipelines.errors import ActionableError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORK_DIR = Path(os.environ.get("PIPELINE_WORK_DIR", REPO_ROOT / ".work"))
 SPEC_PATH = REPO_ROOT / "kubeflow" / "pipeline.yaml"
+# Kubernetes: the GPU resource name (the KFP backend uses the accelerator type as it) and the
+# object-store credentials every step and TFJob replica gets from `credentials_secret`.
+GPU_RESOURCE = "nvidia.com/gpu"
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
 ENV_PREFIX = "PIPELINE_"
 # The drift strength `add-span --drift` writes without a value (pipelines/data.py): a shift the
 # validation step's drift check (drift_comparator thresholds in schemas/schema.pbtxt) catches.

@@ -57,6 +57,16 @@ def local_path(uri: str, local_root: str | None = None) -> str | None:
     return None
 
 
+def remote_uri(path: str, local_root: str | None = None) -> str | None:
+    """The remote URI of a launcher's local copy (the inverse of local_path), or None."""
+    root = local_root or os.environ.get(LOCAL_ROOT_ENV, "/")
+    for prefix, folder in _SCHEME_FOLDERS.items():
+        base = os.path.join(root, folder, "")
+        if path.startswith(base):
+            return prefix + path[len(base) :]
+    return None
+
+
 def prepare(executor_input: dict, local_root: str | None = None) -> dict[str, str]:
     """Everything done to the launcher's ExecutorInput before TFX sees it (in place): the
     launcher's own outputs removed, artifacts pointed at their local copies. Returns local

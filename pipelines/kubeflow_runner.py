@@ -11,7 +11,8 @@ reason the backend's code gives (kubeflow/README.md lists them):
 - the Trainer task gets a retry policy (`trainer_retries`), see trainer_retry_policy;
 - every step runs `pipelines.kfp_entrypoint` (TFX's entry point on the launcher's local copies
   of the artifacts, see there), in the CPU image with CPU and memory limits; the Trainer runs in
-  the GPU image and requests `nvidia.com/gpu`;
+  the GPU image and requests `nvidia.com/gpu`, except with num_workers > 1: then its step is a
+  light CPU pod that trains as a TFJob (components/tfjob.py) whose replicas get all of that;
 - a second YAML document, the Kubernetes platform spec, gives every step the object-store
   credentials from a Secret and the Trainer a GPU node selector and toleration.
 """
@@ -27,9 +28,10 @@ from typing import Any
 import yaml
 
 from pipelines.config import (
+    GPU_RESOURCE,
     RUN_PARAMETERS,
+    SECRET_KEYS,
     SPEC_PATH,
-    ConfigError,
     PipelineConfig,
     kubernetes_quantity,
 )
@@ -46,19 +48,11 @@ TRAINER = "Trainer"
 UNCACHED_STEPS = (
     "SelectSpans", "ExampleGen", "CuratedSchema", "ExampleValidator", "LatestPushedModel", "Pusher",
 )  # fmt: skip
-GPU_RESOURCE = "nvidia.com/gpu"  # the backend uses the accelerator type as the resource name
-SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
 INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
 
 
 def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(PipelineSpec, PlatformSpec) as dicts, ready to be written as two YAML documents."""
-    if config.num_workers > 1:
-        raise ConfigError(
-            f"num_workers={config.num_workers}: multi-worker training on Kubeflow (a TFJob) is "
-            "not compiled yet; compile with num_workers=1 (one pod, every GPU of its node via "
-            "strategy=auto), or train with several workers locally (tkp run)"
-        )
     from tfx import v1 as tfx
 
     from pipelines.pipeline import create_pipeline
@@ -90,7 +84,7 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
             "cpuLimit": kubernetes_quantity(config.step_cpu),
             "memoryLimit": _gigabytes(config.step_memory),
         }
-        if label == trainer_executor:
+        if label == trainer_executor and config.num_workers == 1:
             container["image"] = config.gpu_image
             container["resources"] = {
                 "cpuLimit": kubernetes_quantity(config.trainer_cpu),
@@ -187,7 +181,7 @@ def _platform_spec(config: PipelineConfig, executors: dict, trainer_executor: st
             "keyToEnv": [{"secretKey": key, "envVar": key} for key in SECRET_KEYS],
         }
         platform[executor] = {"secretAsEnv": [secret_env]}
-        if executor == trainer_executor and config.gpu_count:
+        if executor == trainer_executor and config.gpu_count and config.num_workers == 1:
             platform[executor]["nodeSelector"] = {"labels": {label: value}}
             platform[executor]["tolerations"] = [
                 {"key": config.gpu_toleration_key, "operator": "Exists", "effect": "NoSchedule"}

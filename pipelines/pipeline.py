@@ -17,7 +17,7 @@ from components.schema import CuratedSchema  # noqa: E402
 from components.span_selection import TRAIN_KEY, SelectSpans  # noqa: E402
 from components.trainer import TunableTrainer  # noqa: E402
 from components.validation import StrictExampleValidator  # noqa: E402
-from pipelines.config import RUN_PARAMETERS, PipelineConfig  # noqa: E402
+from pipelines.config import GPU_RESOURCE, RUN_PARAMETERS, SECRET_KEYS, PipelineConfig  # noqa: E402
 
 # User code is referenced by import path, not by module_file: TFX would otherwise package it as a
 # wheel and pip-install it in every step (uv environments have no pip), and compiling for Kubeflow
@@ -55,6 +55,23 @@ def trainer_config(config: PipelineConfig) -> dict:
         "checkpoint_max_age_hours": config.checkpoint_max_age_hours,
         "cache_training_data": config.cache_training_data,
         "tensorboard_every_steps": config.tensorboard_every_steps,
+        **({"tfjob": tfjob_settings(config)} if config.num_workers > 1 else {}),
+    }
+
+
+def tfjob_settings(config: PipelineConfig) -> dict:
+    """What a TFJob replica's pod gets on Kubeflow (components/tfjob.py): what the single-pod
+    Trainer gets (pipelines/kubeflow_runner.py)."""
+    return {
+        "image": config.gpu_image,
+        "cpu": config.trainer_cpu,
+        "memory": config.trainer_memory,
+        "gpus": config.gpu_count,
+        "gpu_resource": GPU_RESOURCE,
+        "node_selector": config.gpu_node_selector,
+        "toleration_key": config.gpu_toleration_key,
+        "secret": config.credentials_secret,
+        "secret_keys": list(SECRET_KEYS),
     }
 
 

@@ -70,6 +70,10 @@ def _condition_played(condition: str) -> bool:
     return not set(re.findall(r"[A-Za-z_]\w*", rest)) - {"true", "false", "null"}
 
 
+class Preempted(TaskFailed):
+    """The task's pod was deleted with its node (a test's `preempt` hook): not retried."""
+
+
 class UnsupportedByKubeflow(AssertionError):
     """The spec uses something open-source KFP 2.5 cannot run, or this harness does not play."""
 
@@ -183,9 +187,14 @@ class Backend:
             raise UnsupportedByKubeflow(f"pipeline root {pipeline_root}: only s3:// is played")
         self.pipeline_root, self.images, self.secrets = pipeline_root.rstrip("/"), images, secrets
         self.work_dir, self.namespace, self.publish_logs = work_dir, namespace, publish_logs
-        # Test hook: task name -> a predicate; the task's first pod is SIGKILLed once it holds
-        # (a crash mid-step). `retry_waits` lists the backoffs Argo would have waited.
+        # Test hooks: task name -> a predicate; the task's first pod is SIGKILLed once it holds.
+        # `interrupt`: a crash mid-step (a failed pod, retried by the retryPolicy). `preempt`:
+        # the node is reclaimed and the pod deleted, which Argo's default retry policy
+        # OnFailure does not retry (an errored node, not a failed one: workflow_types.go
+        # RetryPolicyOnFailure), so the task and the run fail. `retry_waits` lists the backoffs
+        # Argo would have waited.
         self.interrupt = dict(interrupt or {})
+        self.preempt: dict[str, Callable[[], bool]] = {}
         self.retry_waits: list[tuple[str, int]] = []
         # config/s3.go: the session of an s3 root whose kfp-launcher ConfigMap names no provider.
         self.metadata = kfp_store.MetadataStore({"Provider": "s3", "Params": {"fromEnv": "true"}})
@@ -276,7 +285,7 @@ class Backend:
             except (TaskFailed, kfp_store.ArtifactRecordError) as failure:
                 # Argo's default retryPolicy OnFailure (workflow_types.go RetryPolicyActual)
                 # retries a failed pod, a non-zero exit or an OOM kill alike, until `limit`.
-                if attempt + 1 < attempts:
+                if attempt + 1 < attempts and not isinstance(failure, Preempted):
                     self.retry_waits.append((task_name, _backoff(task["retryPolicy"], attempt)))
                     continue
                 self.metadata.new_execution(task_name, run.run_id, "FAILED", {})
@@ -304,12 +313,26 @@ class Backend:
         executor_input = json.loads(json.dumps(executor_input))
         # The pod's "/" is its root folder here: the output metadata file lives in its /tmp.
         executor_input["outputs"]["outputFile"] = str(pod.path(kfp_launcher.OUTPUT_METADATA_FILE))
-        kill_when = self.interrupt.pop(task_name, None) if attempt == 0 else None
+        interrupt = self.interrupt.pop(task_name, None) if attempt == 0 else None
+        preempt = self.preempt.pop(task_name, None) if attempt == 0 else None
+        preempted = []
+
+        def kill_when() -> bool:
+            if preempt is not None and preempt():
+                preempted.append(True)
+                return True
+            return interrupt is not None and interrupt()
+
         try:
-            artifacts = kfp_launcher.launch(
-                pod, executor_input, component, container, run.run_root, log_path,
-                cwd=REPO_ROOT, kill_when=kill_when, attempt=attempt,
-            )  # fmt: skip
+            try:
+                artifacts = kfp_launcher.launch(
+                    pod, executor_input, component, container, run.run_root, log_path,
+                    cwd=REPO_ROOT, kill_when=kill_when, attempt=attempt,
+                )  # fmt: skip
+            except TaskFailed as failure:
+                if preempted:
+                    raise Preempted(f"pod deleted: its node was preempted\n{failure}") from None
+                raise
             return {
                 name: self.metadata.record_artifact(name, artifact)
                 for name, artifact in artifacts.items()

@@ -307,6 +307,15 @@ def test_a_killed_pod_is_retried_as_argo_does_and_fails_the_task_without_a_polic
     with pytest.raises(TaskFailed, match="task producer failed"):
         backend.run(spec, PLATFORM, {})
 
+    # A pod deleted with its preempted node is an errored node to Argo, which OnFailure does
+    # not retry, retry policy or not: the task fails and the run with it.
+    spec["root"]["dag"]["tasks"]["producer"]["retryPolicy"] = {"maxRetryCount": 2}
+    waits = len(backend.retry_waits)
+    backend.preempt["producer"] = lambda: True
+    with pytest.raises(TaskFailed, match="task producer failed: pod deleted: its node was "):
+        backend.run(spec, PLATFORM, {})
+    assert len(backend.retry_waits) == waits
+
 
 def test_harness_backoff_is_argos():
     policy = {"maxRetryCount": 3, "backoffDuration": "30s", "backoffFactor": 2.7}

@@ -16,7 +16,7 @@ from components import registry
 from components.registry import complete_versions as pushed_versions
 from components.registry import versions_dir as serving_model_dir
 from pipelines import data, kubeflow_runner, serving, storage
-from pipelines.config import REPO_ROOT, ConfigError, PipelineConfig
+from pipelines.config import REPO_ROOT, SECRET_KEYS, PipelineConfig
 from tests import kfp_harness
 
 
@@ -78,7 +78,7 @@ def test_platform_section_secret_env_on_every_step_and_gpu_placement(documents):
         json_format.ParseDict(known, kubernetes_executor_config_pb2.KubernetesExecutorConfig())
         (secret,) = config["secretAsEnv"]
         assert secret["secretName"] == "tfx-pipeline-s3"
-        assert {e["envVar"] for e in secret["keyToEnv"]} == set(kubeflow_runner.SECRET_KEYS)
+        assert {e["envVar"] for e in secret["keyToEnv"]} == set(SECRET_KEYS)
     trainer = executors["Trainer_executor"]
     assert trainer["nodeSelector"] == {"labels": {"nvidia.com/gpu.present": "true"}}
     assert trainer["tolerations"] == [
@@ -151,9 +151,7 @@ def _backend(bucket: str, work_dir) -> kfp_harness.Backend:
             config.cpu_image: REPO_ROOT / "kubeflow" / "Dockerfile",
             config.gpu_image: REPO_ROOT / "kubeflow" / "Dockerfile.gpu",
         },
-        secrets={
-            config.credentials_secret: {k: os.environ[k] for k in kubeflow_runner.SECRET_KEYS}
-        },
+        secrets={config.credentials_secret: {k: os.environ[k] for k in SECRET_KEYS}},
         work_dir=work_dir,
     )
 
@@ -169,22 +167,42 @@ def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_bles
         "data_root": data_root,
         "serving_root": serving_root,
         "train_steps": 300,
-        "epochs": 2,
+        "epochs": 3,  # a backup per epoch: preempted after 1, killed after 2, done after 3
         "min_auc": 0.7,
         "min_accuracy": 0.6,
     }
     backend = _backend(bucket, tmp_path)
-    # The Trainer's pod is killed (SIGKILL) once its first epoch is backed up; the backend
-    # retries it (retryPolicy, as Argo's default OnFailure policy does) and it resumes there.
+    # The Trainer's node is preempted once its first epoch is backed up: Argo does not retry a
+    # deleted pod, so the run fails. Its backup, keyed by content, stays on the pipeline root.
     backups = f"s3://{bucket}/pipeline_root/taxi-tips/_checkpoints/*/chief/checkpoint"
-    backend.interrupt["trainer"] = _throttled(lambda: bool(storage.list_files(backups)))
+    left = {}
+
+    def first_backup() -> bool:
+        files = storage.list_files(backups)
+        if files:
+            left["index"] = storage.read_bytes(files[0])  # names the checkpoint (epoch 1)
+        return bool(files)
+
+    def next_backup() -> bool:
+        files = storage.list_files(backups)
+        return bool(files) and storage.read_bytes(files[0]) != left["index"]
+
+    backend.preempt["trainer"] = _throttled(first_backup)
+    with pytest.raises(kfp_harness.TaskFailed, match="task trainer failed: pod deleted"):
+        backend.run(*documents, parameters)
+    assert backend.retry_waits == [] and storage.list_files(backups)
+
+    # A new run on the same data (new artifacts, new URIs) resumes from that backup. Its pod is
+    # killed once the next epoch is backed up; the backend retries it (retryPolicy, as Argo's
+    # default OnFailure policy does) and the retry resumes there.
+    backend.interrupt["trainer"] = _throttled(next_backup)
     first = backend.run(*documents, parameters)
 
     assert {t.state for t in first.tasks.values()} == {"executed"}
     assert backend.retry_waits == [("trainer", 30)]
     # The harness's log of the task holds every attempt; the launcher uploads the last one's.
     killed, retried = first.tasks["trainer"].log_path.read_text().split("--- attempt 2 ---")
-    assert "Killed: SIGKILL" in killed and "(new)" in killed
+    assert "Killed: SIGKILL" in killed and "(resuming)" in killed
     assert "(resuming)" in retried
     assert first.outputs("trainer")["model_run"]["metadata"]["resumed"] == 1
     assert not storage.list_files(backups)  # the finished training removed its backup
@@ -280,8 +298,3 @@ def test_trainer_task_carries_the_retry_policy_argo_needs(documents):
     assert kubeflow_runner.trainer_retry_policy(PipelineConfig(trainer_retries=5)) == {
         **policy, "maxRetryCount": 5,
     }  # fmt: skip
-
-
-def test_multi_worker_is_refused_at_compile_until_it_runs_as_a_tfjob():
-    with pytest.raises(ConfigError, match="TFJob"):
-        kubeflow_runner.compile_documents(PipelineConfig(num_workers=2))

@@ -8,7 +8,13 @@ so the tests pass in any order and alone.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 import types
 
 import numpy as np
@@ -16,6 +22,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from components import registry, warmup
+from components.checkpoints import CHECKPOINTS_FOLDER
 from components.example_gen import ExampleGenInputError
 from components.registry import complete_versions as pushed_versions
 from components.validation import DataValidationError
@@ -24,6 +31,7 @@ from pipelines.config import DEFAULT_DRIFT, PipelineConfig
 from pipelines.errors import actionable_cause
 from pipelines.local_runner import run_pipeline
 from pipelines.run_summary import format_summary
+from tests.trained_model import scalar_steps
 
 
 def states(summary) -> dict[str, str]:
@@ -46,6 +54,33 @@ def _config(bucket: str, work, data_folder: str = "data", **overrides) -> Pipeli
     return PipelineConfig(**{**values, **overrides})
 
 
+_SET_BY_TEST = ("data_root", "serving_root", "pipeline_root", "metadata_path", "train_steps",
+                "eval_steps", "epochs", "min_auc", "min_accuracy", "max_auc_drop")  # fmt: skip
+
+
+def _kill_a_run_once_training_is_backed_up(config: PipelineConfig, work) -> int:
+    """Starts `tkp run` with `config`, SIGKILLs it once the Trainer's first backup is complete,
+    and returns the step the backup holds."""
+    settings = [f"--set={name}={getattr(config, name)}" for name in _SET_BY_TEST]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "run", *settings],
+        env={**os.environ, "PIPELINE_WORK_DIR": str(work)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    index = os.path.join(config.pipeline_root, CHECKPOINTS_FOLDER, "*", "chief", "checkpoint")
+    try:
+        deadline = time.monotonic() + 600
+        while not glob.glob(index) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert glob.glob(index), f"no backup after {time.monotonic() - deadline + 600:.0f} s"
+    finally:
+        process.kill()
+        process.wait(60)
+    steps = re.findall(r"ckpt-(\d+)", open(glob.glob(index)[0]).read())
+    assert process.returncode == -signal.SIGKILL and steps
+    return int(steps[-1])
+
+
 @pytest.fixture(scope="module")
 def loop(object_store, tmp_path_factory) -> types.SimpleNamespace:
     """The retraining loop as a user lives it, one span after another: span 0 gives version 1;
@@ -60,7 +95,14 @@ def loop(object_store, tmp_path_factory) -> types.SimpleNamespace:
         return registry.served_version(config.serving_model_dir, config.model_name)
 
     data.write_span(config.data_root, 0, 4000)
+    # `tkp run` is killed (SIGKILL) once its Trainer has backed up epoch 1; running the
+    # pipeline again resumes the training there instead of starting over.
+    seen.killed_at = _kill_a_run_once_training_is_backed_up(
+        config, tmp_path_factory.mktemp("killed")
+    )
     seen.first = run_pipeline(config)
+    model_runs = glob.glob(os.path.join(config.pipeline_root, "Trainer", "model_run", "*"))
+    seen.first_logged_steps = scalar_steps(max(model_runs, key=lambda p: int(os.path.basename(p))))
     seen.served_after_first = served()
     seen.again = run_pipeline(config)
     seen.versions_after_again = set(pushed_versions(config.serving_model_dir))
@@ -93,6 +135,13 @@ def test_first_span_ends_with_a_pushed_model_that_answers(loop):
     assert (training["strategy"], training["replicas"], training["workers"]) == ("one_device", 1, 1)
     assert 0 < training["steps"] <= config.train_steps and training["examples_per_second"] > 0
     assert "Training: " in format_summary(summary)
+    # The killed run's training was resumed, not repeated: TensorBoard's steps continue.
+    assert training["resumed"] and "resumed from its backup" in format_summary(summary)
+    assert loop.killed_at == 1  # BackupAndRestore numbers its backups by epoch
+    logged = loop.first_logged_steps
+    steps_per_epoch = config.train_steps // config.epochs
+    assert logged and min(logged) >= steps_per_epoch, sorted(logged)[:5]
+    assert not glob.glob(os.path.join(config.pipeline_root, CHECKPOINTS_FOLDER, "*", "chief"))
     assert any(name.startswith("payment_type=") for name in summary.metrics)
     assert summary.pushed_path == f"{config.serving_model_dir}/1"
     assert loop.served_after_first == 1

@@ -24,7 +24,7 @@ from components import checkpoints, features, local_workers, model
 from components.trainer import TunableTrainerExecutor
 from pipelines import bench_training, gpu_check
 from pipelines.config import PipelineConfig
-from tests.trained_model import fn_args_for
+from tests.trained_model import fn_args_for, scalar_steps
 
 
 def _artifact(kind, uri):
@@ -161,7 +161,7 @@ def test_killed_training_resumes_from_its_backup_and_ends_as_good(
     summary = _summary(second[1])
     assert summary["resumed"] and summary["steps"] == steps
     # TensorBoard's step counter continues: the resumed run logs no step before the backup.
-    logged = _scalar_steps(second[1]["model_run"][0].uri)
+    logged = scalar_steps(second[1]["model_run"][0].uri)
     assert logged and min(logged) >= 2 * every, sorted(logged)[:5]
     assert not backup_dir.exists()  # a finished training cleans up its backup
 
@@ -170,7 +170,11 @@ def test_killed_training_resumes_from_its_backup_and_ends_as_good(
     resumed, uninterrupted = (
         _auc(_serving_dir(o), transformed[2], to_examples) for o in (second[1], whole[1])
     )
-    assert abs(resumed - uninterrupted) < 0.03, (resumed, uninterrupted)
+    # As good, not equal: after the resume the data comes in another order, and this small
+    # model overfits 200 steps of test data, so two uninterrupted runs already differ by up to
+    # ~0.05 AUC (CI saw 0.81 against 0.86). Resuming at step 0 instead would also pass this, but
+    # not the step counter checked above.
+    assert resumed > 0.75 and resumed > uninterrupted - 0.08, (resumed, uninterrupted)
 
 
 def _worker_job(inputs, outputs, properties) -> dict:
@@ -190,15 +194,6 @@ def _worker_job(inputs, outputs, properties) -> dict:
             "custom_config": json.dumps(custom_config),
         },
     }
-
-
-def _scalar_steps(model_run_dir: str) -> set[int]:
-    steps = set()
-    for path in tf.io.gfile.glob(f"{model_run_dir}/logs/train/events.out.tfevents.*"):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            if any(v.tag.startswith("batch_") for v in event.summary.value):
-                steps.add(event.step)
-    return steps
 
 
 def test_time_budget_stops_training_cleanly_and_exports(transformed, tmp_path, to_examples):

@@ -78,3 +78,13 @@ def trained(tmp_path_factory, transformed):
     fn_args = fn_args_for(transformed, tmp_path_factory.mktemp("trainer"))
     model.run_fn(fn_args)
     return fn_args, transformed[2]
+
+
+def scalar_steps(model_run_dir: str) -> set[int]:
+    """The steps of the per-batch scalars in a model_run's TensorBoard logs."""
+    steps = set()
+    for path in tf.io.gfile.glob(f"{model_run_dir}/logs/train/events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            if any(v.tag.startswith("batch_") for v in event.summary.value):
+                steps.add(event.step)
+    return steps
