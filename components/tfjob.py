@@ -10,13 +10,14 @@ model_run to a staging folder there (boto3 through pipelines.storage, never Tens
 `s3://`); the step then copies them into its output artifacts' local paths, which the launcher
 uploads as it does for any step.
 
-Failure: replicas run with restartPolicy Never and backoffLimit 0, so the first failed replica
-fails the TFJob (tfjob_controller.go UpdateJobStatus: "has failed because N Worker replica(s)
-failed") and the step fails with that replica's exit reason and last log lines. The Trainer
-task's retryPolicy then runs the step again, and its new TFJob resumes from the training's
-backup (components/checkpoints.py). A TFJob is never left behind: the step deletes it on every
-exit, and its owner reference to the step's pod has Kubernetes delete it if the step's pod goes
-first (killed, preempted).
+Failure: replicas run with restartPolicy Never, so the first failed replica fails the TFJob
+(tfjob_controller.go UpdateJobStatus: "has failed because N Worker replica(s) failed") and the
+step fails with that replica's exit reason and last log lines. The Trainer task's retryPolicy
+then runs the step again, and its new TFJob resumes from the training's backup
+(components/checkpoints.py). A TFJob is not left behind: the step deletes it on every exit it
+sees (SIGTERM included); a step killed outright cannot, so each attempt first deletes the TFJobs
+of the step's earlier attempts (STEP_LABEL), and the owner reference to the step's pod has
+Kubernetes delete it once that pod is deleted (a preempted node, the run deleted).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from components import checkpoints
 from pipelines import storage
 from pipelines.errors import ActionableError
 
@@ -41,6 +43,10 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"  # common_types.go JobNameLabe
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"  # lower-case type: "chief", "worker"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 STAGING_FOLDER = "_tfjobs"  # under <pipeline root>/<pipeline name>/
+# The same on every attempt of one step (a hash of its model output's URI, which a retry keeps):
+# an attempt deletes the TFJobs of the attempts before it, whose pods Argo keeps, so their owner
+# references never fire.
+STEP_LABEL = "tfx-pipeline/trainer-step"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 LOG_LINES = 20
 
@@ -59,7 +65,7 @@ def job_name(pod_uid: str) -> str:
 
 def manifest(
     name: str, namespace: str, settings: dict, workers: int, job_uri: str,
-    owner: dict | None, deadline_seconds: int,
+    owner: dict | None, deadline_seconds: int, step: str = "",
 ) -> dict:  # fmt: skip
     """The TFJob: one Chief and `workers - 1` Workers, each running the replica entry point."""
     limits: dict[str, str] = {"cpu": settings["cpu"], "memory": settings["memory"]}
@@ -85,13 +91,18 @@ def manifest(
     }
     pod_spec["containers"] = [container]
 
+    # Istio's sidecar (injected in Kubeflow profile namespaces) would keep a finished replica's
+    # pod Running, so the operator would never see the chief succeed; KFP's own pods opt out too.
+    template = {"metadata": {"annotations": {"sidecar.istio.io/inject": "false"}}, "spec": pod_spec}
+
     def replica(count: int) -> dict:
-        return {"replicas": count, "restartPolicy": "Never", "template": {"spec": pod_spec}}
+        return {"replicas": count, "restartPolicy": "Never", "template": template}
 
     replicas = {"Chief": replica(1)}
     if workers > 1:
         replicas["Worker"] = replica(workers - 1)
-    metadata: dict = {"name": name, "namespace": namespace, "labels": {"app": "tfx-trainer"}}
+    labels = {"app": "tfx-trainer", STEP_LABEL: step}
+    metadata: dict = {"name": name, "namespace": namespace, "labels": labels}
     if owner:
         metadata["ownerReferences"] = [owner]
     return {
@@ -99,9 +110,13 @@ def manifest(
         "kind": KIND,
         "metadata": metadata,
         "spec": {
+            # No backoffLimit: restartPolicy Never already fails the job on the first failed
+            # replica (tfjob_controller.go UpdateJobStatus), and cleanPodPolicy Running then
+            # deletes only the replicas still running, keeping the failed one's log. With a
+            # backoffLimit the operator deletes every pod, the failed one too, and reports only
+            # "reached the specified backoff limit" (common/job.go ReconcileJobs).
             "runPolicy": {
-                "backoffLimit": 0,  # a retry is the step's (retryPolicy), resuming from the backup
-                "cleanPodPolicy": "Running",  # stop the replicas left waiting in an all-reduce
+                "cleanPodPolicy": "Running",
                 "activeDeadlineSeconds": deadline_seconds,
             },
             "tfReplicaSpecs": replicas,
@@ -164,6 +179,12 @@ class Kubernetes:
             if error.status != 404:
                 raise
 
+    def list(self, label_selector: str) -> list[str]:
+        found = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, label_selector=label_selector
+        )
+        return [item["metadata"]["name"] for item in found.get("items", [])]
+
     def pods(self, name: str) -> list:
         return self.core.list_namespaced_pod(
             self.namespace, label_selector=f"{JOB_NAME_LABEL}={name}"
@@ -188,7 +209,8 @@ def run(
     custom_config = json.loads(exec_properties["custom_config"])
     settings = custom_config["tfjob"]
     name = job_name(os.environ.get("KFP_POD_UID") or os.urandom(8).hex())
-    staging = storage.join(os.environ[PIPELINE_FOLDER_ENV], STAGING_FOLDER, name)
+    staging_root = storage.join(os.environ[PIPELINE_FOLDER_ENV], STAGING_FOLDER)
+    staging = storage.join(staging_root, name)
     remote_outputs = artifact_utils.parse_artifact_dict(
         artifact_utils.jsonify_artifact_dict(output_dict)
     )
@@ -200,15 +222,20 @@ def run(
         "outputs": artifact_utils.jsonify_artifact_dict(remote_outputs),
         "exec_properties": exec_properties,
     }
-    job_uri = storage.join(staging, "job.json")
-    storage.write_bytes(job_uri, json.dumps(job).encode())
+    step = _step_id(output_dict)
     api = kubernetes or Kubernetes()
+    job_uri = storage.join(staging, "job.json")
     deadline = deadline_seconds(float(custom_config["max_train_minutes"]))
-    body = manifest(name, api.namespace, settings, workers, job_uri, pod_owner(), deadline)
+    body = manifest(name, api.namespace, settings, workers, job_uri, pod_owner(), deadline, step)
     stop_on_sigterm = threading.current_thread() is threading.main_thread()
     if stop_on_sigterm:  # a cancelled run: Argo sends SIGTERM, and `finally` must still run
         previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
+        _remove_earlier_attempts(api, step, staging_root)
+        checkpoints.remove_abandoned(
+            staging_root, float(custom_config.get("checkpoint_max_age_hours", 72)), keep=name
+        )
+        storage.write_bytes(job_uri, json.dumps(job).encode())
         api.create(body)
         _log.info("Created TFJob %s/%s: 1 chief + %d worker(s), image %s, %s GPU(s) each",
                   api.namespace, name, workers - 1, settings["image"],
@@ -219,10 +246,41 @@ def run(
                 copied = storage.copy_tree(remote.uri, local.uri)
                 _log.info("Copied the chief's %s (%d files) into the step's output", key, copied)
     finally:
-        api.delete(name)
-        storage.delete_tree(staging)
+        if stop_on_sigterm:  # the clean-up is not interrupted by a second SIGTERM
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _clean_up(api, name, staging)
         if stop_on_sigterm:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _step_id(output_dict) -> str:
+    from pipelines.kfp_entrypoint import remote_uri
+
+    local = output_dict["model"][0].uri
+    uri = remote_uri(local) or local
+    return hashlib.sha256(uri.encode()).hexdigest()[:16]
+
+
+def _remove_earlier_attempts(api: Kubernetes, step: str, staging_root: str) -> None:
+    """Deletes the TFJobs (and staging folders) of this step's earlier attempts: a step pod that
+    was killed could not delete its TFJob, which would train on next to this one."""
+    for earlier in api.list(f"{STEP_LABEL}={step}"):
+        _log.warning("Deleting TFJob %s of an earlier attempt of this step", earlier)
+        _clean_up(api, earlier, storage.join(staging_root, earlier))
+
+
+def _clean_up(api: Kubernetes, name: str, staging: str) -> None:
+    """Deletes the TFJob and its staging folder; a failure is logged, not raised, so that it
+    neither hides the step's own error nor stops the other half."""
+    try:
+        api.delete(name)
+    except Exception as error:
+        _log.error("Could not delete TFJob %s (%s): delete it with `kubectl -n %s delete tfjob "
+                   "%s`", name, error, api.namespace, name)  # fmt: skip
+    try:
+        storage.delete_tree(staging)
+    except Exception as error:
+        _log.error("Could not delete the staging folder %s: %s", staging, error)
 
 
 def _raise_stopped(signum, frame) -> None:

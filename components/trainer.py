@@ -61,7 +61,7 @@ class TunableTrainerExecutor(trainer_executor.GenericExecutor):
             custom_config["checkpoint_dir"] = _backup_dir(input_dict, custom_config, train_args)
         properties["custom_config"] = json.dumps(custom_config)
         workers = int(custom_config.get("num_workers", 1))
-        if workers > 1 and os.environ.get(PIPELINE_FOLDER_ENV):  # a step on Kubeflow
+        if _as_tfjob(custom_config):
             tfjob.run(input_dict, output_dict, properties, workers)
         elif workers > 1:
             local_workers.run(input_dict, output_dict, properties, workers)
@@ -76,13 +76,22 @@ def _backup_dir(input_dict, custom_config: dict, train_args: trainer_pb2.TrainAr
     schema = storage.read_bytes(io_utils.get_only_uri_in_dir(schema_dir))
     parameters = {k: v for k, v in custom_config.items() if k not in _NOT_IN_KEY}
     parameters["train_steps"] = train_args.num_steps
-    # The replicas (strategy auto uses every GPU) set the global batch and learning rate.
-    parameters["gpus"] = local_workers.visible_gpus()
+    # The replicas (strategy auto uses every GPU) set the global batch and learning rate; a
+    # TFJob's replicas have the GPUs, not this step's pod.
+    tfjob_gpus = custom_config["tfjob"]["gpus"] if _as_tfjob(custom_config) else None
+    parameters["gpus"] = local_workers.visible_gpus() if tfjob_gpus is None else tfjob_gpus
     key = checkpoints.training_key(selection["fingerprint"], schema, parameters)
     root = _backup_root(custom_config["checkpoint_root"])
     max_age = float(custom_config.get("checkpoint_max_age_hours", 72))
     checkpoints.remove_abandoned(root, max_age, keep=key)
     return storage.join(root, key)
+
+
+def _as_tfjob(custom_config: dict) -> bool:
+    """Several workers in a Kubeflow step (pipelines/kfp_entrypoint.py sets the folder)."""
+    return int(custom_config.get("num_workers", 1)) > 1 and bool(
+        os.environ.get(PIPELINE_FOLDER_ENV)
+    )
 
 
 def _backup_root(configured: str) -> str:

@@ -18,7 +18,11 @@ would give it. What it plays, each rule from the source it follows:
   127.0.0.1 with its own free port instead of `<pod>.<namespace>.svc:2222`;
 - status: Created, then Running while the chief runs, Succeeded when the chief exits 0, Failed
   with the operator's message when any replica fails (tfjob_controller.go UpdateJobStatus);
-  cleanPodPolicy Running stops the replicas still running once the job has finished;
+  cleanPodPolicy Running stops the replicas still running once the job has finished; with
+  `runPolicy.backoffLimit` 0 a failed replica instead deletes every pod, the failed one too,
+  and fails the job as "reached the specified backoff limit" (common/job.go ReconcileJobs,
+  which runs before UpdateJobStatus);
+- listing TFJobs by label (`labelSelector` of one `key=value`);
 - deletion: DELETE stops every replica process and forgets the job.
 GPUs, node selectors and tolerations are accepted (the schema checks them) but not scheduled:
 the replicas train on the CPU.
@@ -261,6 +265,16 @@ class KubeStandIn:
             count = counts.setdefault(kind, {"active": 0, "succeeded": 0, "failed": 0})
             count[phase[replica.phase()]] += 1
         status["replicaStatuses"] = counts
+        failed = sum(count["failed"] for count in counts.values())
+        limit = job["spec"].get("runPolicy", {}).get("backoffLimit")
+        if not finished and failed and limit is not None and 1 > limit:  # previousRetry 0 + 1
+            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            for replica in list(replicas):  # DeletePodsAndServices: not finished yet, so all
+                replica.stop()
+                replicas.remove(replica)
+            message = f"Job {name} has failed because it has reached the specified backoff limit"
+            status["conditions"].append(self._condition("Failed", "Failed", message, now))
+            return job
         if not finished:
             now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             ns = job["metadata"]["namespace"]
@@ -323,9 +337,12 @@ class KubeStandIn:
                 if match := jobs_path.match(url.path):
                     namespace, name = match.groups()
                     verb = {"POST": "create", "DELETE": "delete"}.get(method, "get")
+                    verb = "list" if verb == "get" and name is None else verb
                     stand_in.requests.add((tfjob.GROUP, tfjob.PLURAL, verb))
                     if namespace != stand_in.namespace:
                         return self._error(403, f"namespace {namespace} is not ours")
+                    if method == "GET" and name is None:
+                        return self._list_jobs(query.get("labelSelector", ""))
                     return self._jobs(method, name, body)
                 if (match := pods_path.match(url.path)) and method == "GET":
                     log = match.group(2) is not None
@@ -334,6 +351,13 @@ class KubeStandIn:
                     )
                     return self._pods(match.group(2), query)
                 return self._error(404, f"{method} {url.path} is not served by the stand-in")
+
+            def _list_jobs(self, selector: str):
+                key, _, value = selector.partition("=")
+                with stand_in.lock:
+                    items = [job for job in stand_in.jobs.values()
+                             if job["metadata"].get("labels", {}).get(key) == value]  # fmt: skip
+                    return self._reply(200, {"kind": "TFJobList", "items": items})
 
             def _jobs(self, method: str, name: str | None, body):
                 with stand_in.lock:

@@ -57,7 +57,12 @@ def test_the_tfjob_is_valid_against_the_training_operator_crd_and_webhook():
         for e in container["env"]
     )
     assert body["metadata"]["ownerReferences"] == [OWNER]
-    assert body["spec"]["runPolicy"]["backoffLimit"] == 0
+    # No backoffLimit: with one, the operator deletes the failed replica's pod and its log
+    # before the step can read them (common/job.go ReconcileJobs).
+    assert "backoffLimit" not in body["spec"]["runPolicy"]
+    assert specs["Chief"]["restartPolicy"] == "Never"
+    annotations = specs["Worker"]["template"]["metadata"]["annotations"]
+    assert annotations == {"sidecar.istio.io/inject": "false"}
     # Without GPUs no GPU request, node selector or toleration.
     cpu_only = _manifest(gpu_count=0)["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]
     assert "nodeSelector" not in cpu_only and "nvidia.com/gpu" not in json.dumps(cpu_only)
@@ -171,14 +176,26 @@ def _replica_processes() -> list[psutil.Process]:
 
 def test_the_trainer_step_trains_as_a_tfjob_and_outputs_the_chiefs_model(trainer_step, caplog):
     stand_in, (inputs, outputs, properties), folder = trainer_step
+    # An earlier attempt of this step was killed outright: its TFJob still trains (Argo keeps
+    # the dead pod, so the owner reference does not fire) and its staging folder is there.
+    settings = json.loads(properties["custom_config"])["tfjob"]
+    stale = tfjob.manifest("trainer-earlier", NAMESPACE, settings, 2, "s3://b/j.json", None, 600,
+                           tfjob._step_id(outputs))  # fmt: skip
+    for spec in stale["spec"]["tfReplicaSpecs"].values():
+        spec["template"]["spec"]["containers"][0]["command"] = ["sleep", "600"]
+    stand_in._create(stale)
+    stale_staging = f"{folder}/{tfjob.STAGING_FOLDER}/trainer-earlier/job.json"
+    storage.write_bytes(stale_staging, b"{}")
+
     with caplog.at_level("INFO", logger="components.tfjob"):
         TunableTrainerExecutor().Do(inputs, outputs, properties)
 
-    (created,) = stand_in.created
+    assert "Deleting TFJob trainer-earlier of an earlier attempt" in caplog.text
+    created = stand_in.created[-1]
     name = created["metadata"]["name"]
     assert created["metadata"]["ownerReferences"][0]["uid"] == os.environ["KFP_POD_UID"]
     assert created["metadata"]["namespace"] == NAMESPACE
-    assert stand_in.deleted == [name]  # never left behind
+    assert stand_in.deleted == ["trainer-earlier", name]  # never left behind
     assert not storage.list_files(f"{folder}/{tfjob.STAGING_FOLDER}/**")  # staging removed
     assert not _replica_processes()
     # The chief's model is in the step's output artifact, where the launcher uploads it from.
