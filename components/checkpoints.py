@@ -173,9 +173,12 @@ class StoreBackedBackup(tf.keras.callbacks.BackupAndRestore):
             self._backup(epoch=epoch, batch=last)
 
 
-def remove_abandoned(root: str, max_age_hours: float, keep: str) -> list[str]:
+def remove_abandoned(
+    root: str, max_age_hours: float, keep: str, what: str = "training backup"
+) -> list[str]:
     """Deletes backups under `root` whose newest file is older than `max_age_hours` (a training
-    that never finished and was not run again), except `keep`. Returns the deleted folders."""
+    that never finished and was not run again), except `keep`; also used for other folders of
+    abandoned trainings (`what` names them in the log). Returns the deleted folders."""
     newest: dict[str, float] = {}
     for info in storage.list_file_infos(storage.join(root, "**")):
         key = info.path[len(root.rstrip("/")) + 1 :].split("/", 1)[0]
@@ -186,6 +189,6 @@ def remove_abandoned(root: str, max_age_hours: float, keep: str) -> list[str]:
         if key != keep and mtime < cutoff:
             storage.delete_tree(storage.join(root, key))
             removed.append(key)
-            _log.info("Removed abandoned training backup %s (untouched since %s)", key,
+            _log.info("Removed abandoned %s %s (untouched since %s)", what, key,
                       time.strftime("%Y-%m-%d %H:%M", time.gmtime(mtime)))  # fmt: skip
     return removed

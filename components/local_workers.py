@@ -22,7 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipelines.errors import ActionableError
 from pipelines.object_store import die_with_parent
@@ -110,12 +112,18 @@ def visible_gpus() -> int:
 
 
 def _scratch_outputs(output_dict, work: Path, index: int):
+    return with_uris(output_dict, lambda key, _, __: str(work / f"worker-{index}" / key))
+
+
+def with_uris(artifact_dict, uri_for: Callable[[str, int, Any], str]) -> dict:
+    """A copy of an artifact dict whose artifacts have the URIs `uri_for(key, index, artifact)`
+    gives (the originals are left as they are)."""
     from tfx.types import artifact_utils
 
-    copies = artifact_utils.parse_artifact_dict(artifact_utils.jsonify_artifact_dict(output_dict))
+    copies = artifact_utils.parse_artifact_dict(artifact_utils.jsonify_artifact_dict(artifact_dict))
     for key, artifacts in copies.items():
-        for artifact in artifacts:
-            artifact.uri = str(work / f"worker-{index}" / key)
+        for index, artifact in enumerate(artifacts):
+            artifact.uri = uri_for(key, index, artifact)
     return copies
 
 

@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from components import checkpoints
+from components import checkpoints, local_workers
 from pipelines import storage
 from pipelines.errors import ActionableError
 
@@ -211,12 +211,9 @@ def run(
     name = job_name(os.environ.get("KFP_POD_UID") or os.urandom(8).hex())
     staging_root = storage.join(os.environ[PIPELINE_FOLDER_ENV], STAGING_FOLDER)
     staging = storage.join(staging_root, name)
-    remote_outputs = artifact_utils.parse_artifact_dict(
-        artifact_utils.jsonify_artifact_dict(output_dict)
+    remote_outputs = local_workers.with_uris(
+        output_dict, lambda key, index, _: storage.join(staging, "outputs", key, str(index))
     )
-    for key, artifacts in remote_outputs.items():
-        for index, artifact in enumerate(artifacts):
-            artifact.uri = storage.join(staging, "outputs", key, str(index))
     job = {
         "inputs": artifact_utils.jsonify_artifact_dict(_remote_inputs(input_dict)),
         "outputs": artifact_utils.jsonify_artifact_dict(remote_outputs),
@@ -232,9 +229,8 @@ def run(
         previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
         _remove_earlier_attempts(api, step, staging_root)
-        checkpoints.remove_abandoned(
-            staging_root, float(custom_config.get("checkpoint_max_age_hours", 72)), keep=name
-        )
+        max_age = float(custom_config.get("checkpoint_max_age_hours", 72))
+        checkpoints.remove_abandoned(staging_root, max_age, keep=name, what="TFJob staging folder")
         storage.write_bytes(job_uri, json.dumps(job).encode())
         api.create(body)
         _log.info("Created TFJob %s/%s: 1 chief + %d worker(s), image %s, %s GPU(s) each",
@@ -290,22 +286,19 @@ def _raise_stopped(signum, frame) -> None:
 def _remote_inputs(input_dict) -> dict:
     """Copies of the input artifacts with their object-store URIs instead of the launcher's local
     paths (pipelines/kfp_entrypoint.py made them local)."""
-    from tfx.types import artifact_utils
-
     from pipelines.kfp_entrypoint import remote_uri
 
-    copies = artifact_utils.parse_artifact_dict(artifact_utils.jsonify_artifact_dict(input_dict))
-    for key, artifacts in copies.items():
-        for artifact in artifacts:
-            uri = remote_uri(artifact.uri) if "://" not in artifact.uri else artifact.uri
-            if uri is None:
-                raise TFJobFailed(
-                    f"input {key!r} is at {artifact.uri}, a local path the TFJob's replicas "
-                    "cannot read: multi-worker training on Kubeflow needs the pipeline root on "
-                    "an object store (s3://, gs://)"
-                )
-            artifact.uri = uri
-    return copies
+    def remote(key: str, _: int, artifact) -> str:
+        uri = remote_uri(artifact.uri) if "://" not in artifact.uri else artifact.uri
+        if uri is None:
+            raise TFJobFailed(
+                f"input {key!r} is at {artifact.uri}, a local path the TFJob's replicas cannot "
+                "read: multi-worker training on Kubeflow needs the pipeline root on an object "
+                "store (s3://, gs://)"
+            )
+        return uri
+
+    return local_workers.with_uris(input_dict, remote)
 
 
 def _wait(api: Kubernetes, name: str, poll_seconds: float, report_seconds: float = 30) -> None:

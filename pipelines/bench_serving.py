@@ -29,6 +29,7 @@ from components.model import SERVING_SIGNATURE
 from pipelines import storage
 from pipelines.config import WORK_DIR, PipelineConfig
 from pipelines.errors import ActionableError
+from pipelines.object_store import stop_process
 from pipelines.serving_client import ServingClient
 
 
@@ -146,12 +147,7 @@ def run(config: PipelineConfig, requests_per_size: int, concurrency: int, batch_
                     "p50_ratio": round(served["p50_ms"] / max(local["p50_ms"], 1e-3), 2),
                 })  # fmt: skip
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server, grace_seconds=60)
         shutil.rmtree(cache, ignore_errors=True)
     return results
 

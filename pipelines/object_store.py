@@ -102,6 +102,17 @@ def die_with_parent() -> None:
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def stop_process(process: subprocess.Popen, grace_seconds: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `grace_seconds`; nothing if it ended."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 _PR_SET_PDEATHSIG = 1
 try:  # loaded in the parent: the child, between fork and exec, must only call it
     _PRCTL = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
@@ -249,14 +260,9 @@ class EmbeddedObjectStore:
 
     def stop(self) -> None:
         """Stops the server this object started (a reused one belongs to whoever started it)."""
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                # Its graceful shutdown can take 20 s; the data are already on disk.
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process:
+            # Its graceful shutdown can take 20 s; the data are already on disk.
+            stop_process(self.process, grace_seconds=5)
         recorded = self._read_pid_file()
         if self.process and recorded and recorded[0] == self.process.pid:  # not another's file
             self.pid_file.unlink(missing_ok=True)

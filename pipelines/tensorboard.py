@@ -30,6 +30,7 @@ from typing import IO
 from pipelines import storage
 from pipelines.config import WORK_DIR, ConfigError, PipelineConfig
 from pipelines.errors import ActionableError
+from pipelines.object_store import stop_process
 
 STAGING_ROOT = WORK_DIR / "tensorboard"
 EVENTS = ".tfevents."  # in every TensorBoard event file's name
@@ -182,8 +183,8 @@ def start_server(
     logdir: Path, host: str, port: int, output: IO | None = None, timeout_s: float = 90.0
 ) -> subprocess.Popen:
     """TensorBoard from this environment on `logdir`, returned once it answers HTTP; the caller
-    stops it (`stop_server`). Its output goes to `output`, else where this process's stdout and
-    stderr go (for the CLI: the command's log)."""
+    stops it (`object_store.stop_process`). Its output goes to `output`, else where this
+    process's stdout and stderr go (for the CLI: the command's log)."""
     _check_port_free(host, port)
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                "--host", host, "--port", str(port)]  # fmt: skip
@@ -204,19 +205,8 @@ def start_server(
                 time.sleep(0.5)
         raise TensorBoardError(f"TensorBoard did not answer on {host}:{port} in {timeout_s:.0f} s")
     except BaseException:
-        stop_server(process)
+        stop_process(process, grace_seconds=10)
         raise
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    """Stops TensorBoard (SIGTERM, then SIGKILL after 10 s); nothing when it already ended."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def main(
@@ -272,7 +262,7 @@ def main(
         say("TensorBoard stopped.")
         return 0
     finally:
-        stop_server(process)
+        stop_process(process, grace_seconds=10)
     if code != 0:
         raise TensorBoardError(f"TensorBoard stopped with code {code}; its output is in the log")
     return 0

@@ -34,7 +34,6 @@ import json
 import os
 import queue
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -48,10 +47,15 @@ import jsonschema
 import yaml
 
 from components import local_workers, tfjob
-from pipelines.object_store import die_with_parent
+from pipelines.object_store import die_with_parent, stop_process
 
 CRD_PATH = Path(__file__).parent / "crds" / "kubeflow.org_tfjobs.yaml"  # v1.8.1, verbatim
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _now() -> str:
+    """A Kubernetes timestamp (RFC 3339, whole seconds, UTC)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def strict(schema: dict) -> dict:
@@ -113,7 +117,7 @@ class _Replica:
     def exit_code(self) -> int | None:
         code = self.process.poll()
         if code is not None and self.finished_at is None:
-            self.finished_at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.finished_at = _now()
         return code if code is None or code >= 0 else 128 - code  # a signal, as the kubelet says
 
     def phase(self) -> str:
@@ -151,14 +155,8 @@ class _Replica:
             },  # fmt: skip
         }
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+    def stop(self, grace_seconds: float = 10) -> None:
+        stop_process(self.process, grace_seconds)
 
 
 class KubeStandIn:
@@ -202,7 +200,7 @@ class KubeStandIn:
         with self.lock:
             for replicas in self.replicas.values():
                 for replica in replicas:
-                    replica.stop(signal.SIGKILL)
+                    replica.stop(grace_seconds=0)
 
     def replica(self, pod_name: str) -> _Replica | None:
         with self.lock:
@@ -240,7 +238,7 @@ class KubeStandIn:
                 started: Future = Future()
                 self._starts.put(((name, kind.lower(), index, container, env, log), started))
                 replicas.append(started.result())
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = _now()
         body = json.loads(json.dumps(body))
         created = self._condition("Created", "Created", f"TFJob {name} is created.", now)
         body["status"] = {"conditions": [created]}
@@ -268,7 +266,7 @@ class KubeStandIn:
         failed = sum(count["failed"] for count in counts.values())
         limit = job["spec"].get("runPolicy", {}).get("backoffLimit")
         if not finished and failed and limit is not None and 1 > limit:  # previousRetry 0 + 1
-            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            now = _now()
             for replica in list(replicas):  # DeletePodsAndServices: not finished yet, so all
                 replica.stop()
                 replicas.remove(replica)
@@ -276,7 +274,7 @@ class KubeStandIn:
             status["conditions"].append(self._condition("Failed", "Failed", message, now))
             return job
         if not finished:
-            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            now = _now()
             ns = job["metadata"]["namespace"]
             new = None
             if counts["Chief"]["active"] and "Running" not in [

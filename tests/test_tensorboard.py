@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from pipelines import storage, tensorboard
 from pipelines.config import PipelineConfig
-from pipelines.object_store import s3_client
+from pipelines.object_store import s3_client, stop_process
 from tests import cli_process
 
 # Per run: epoch_loss per epoch in train/, epoch_auc in validation/.
@@ -184,7 +184,7 @@ def test_tensorboard_serves_the_staged_runs(roots, tmp_path):
             points = _get_json(f"{base}/data/plugin/scalars/scalars?run=12/train&tag=epoch_loss")
             assert [value for _, _, value in points] == pytest.approx(SCALARS["12"]["train"])
         finally:
-            tensorboard.stop_server(server)
+            stop_process(server, grace_seconds=10)
     assert server.poll() is not None
     with socket.socket() as probe:  # nothing listens on the port any more
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
