@@ -213,7 +213,9 @@ def test_time_budget_stops_training_cleanly_and_exports(transformed, tmp_path, t
     serve = tf.saved_model.load(fn_args.serving_model_dir).signatures["serving_default"]
     rows = to_examples(transformed[2].head(5), with_label=False)
     scores = serve(examples=tf.constant(rows))["outputs"].numpy()
-    assert scores.shape == (5, 1) and ((scores > 0) & (scores < 1)).all()
+    # A probability, not "strictly inside (0, 1)": on a fast machine the budget allows hundreds of
+    # steps, this small model overfits, and a float32 sigmoid saturates to exactly 0 or 1.
+    assert scores.shape == (5, 1) and ((scores >= 0) & (scores <= 1)).all()
 
 
 def test_early_stopping_ends_a_training_that_no_longer_improves(transformed, tmp_path):
