@@ -101,6 +101,12 @@ def _dataset(
         if training:
             dataset = dataset.shuffle(CACHED_SHUFFLE_BATCHES, seed=seed)
         dataset = dataset.repeat()
+    if training and seed is None:
+        # tfxio's TFExampleRecord fixes the interleave's order (it ignores `sloppy_ordering`);
+        # training wants whichever file is ready first. A seeded order must stay reproducible.
+        unordered = tf.data.Options()
+        unordered.deterministic = False
+        dataset = dataset.with_options(unordered)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 

@@ -5,7 +5,13 @@ first) in two ways, alternately, in one process: fed from the gzip TFRecords thr
 Trainer's own tf.data pipeline (components/model.py `_dataset`), and fed from the same batches
 already decoded in memory. The ratio of the two throughputs (examples/second) says how much
 the input costs: 1.0 means the model alone bounds the speed. Each figure is the median of
-`repeats` timed passes after a warm-up pass (tracing and the cache fill are not timed).
+`repeats` passes after a warm-up pass (tracing and the cache fill are not timed).
+
+A pass is one `fit` of `WARM_UP_STEPS + steps` steps, timed from its batch WARM_UP_STEPS to its
+end: the steady state a long training runs in. What a pass pays before that (a new iterator:
+for the TFRecords, filling the 10,000-example shuffle buffer) is paid once per training, not per
+step, so it is reported on its own as the start-up, not mixed into the throughput: in a pass of
+a few hundred steps it would weigh as much as the steps themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pipelines.config import WORK_DIR, PipelineConfig
 from pipelines.errors import ActionableError
 
 RESULTS_PATH = WORK_DIR / "bench" / "input.json"
+WARM_UP_STEPS = 20
 
 
 class NoTransformOutput(ActionableError, FileNotFoundError):
@@ -40,8 +47,8 @@ def transform_outputs(config: PipelineConfig) -> tuple[str, str]:
 
 
 def run(
-    examples_dir: str, transform_graph_dir: str, config: PipelineConfig, steps: int = 200,
-    repeats: int = 3, say=print, results_path: Path = RESULTS_PATH,
+    examples_dir: str, transform_graph_dir: str, config: PipelineConfig, steps: int = 400,
+    repeats: int = 7, say=print, results_path: Path = RESULTS_PATH,
 ) -> dict:  # fmt: skip
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
@@ -63,26 +70,47 @@ def run(
     files = [f"{examples_dir}/Split-train/*"]
     batch = config.batch_size
     from_records = model._dataset(files, fn_args, graph, batch, training=True)
-    in_memory = from_records.take(steps).cache().repeat()
+    in_memory = from_records.take(WARM_UP_STEPS + steps).cache().repeat()
     keras_model = model.build_model(list(config.hidden_units), config.learning_rate)
 
-    def examples_per_second(dataset) -> float:
-        began = time.perf_counter()
-        keras_model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
-        return steps * batch / (time.perf_counter() - began)
+    class Clock(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.began = time.perf_counter()
 
-    say(f"Warm-up: tracing, and {steps} batches decoded into memory ...")
-    examples_per_second(from_records)
-    examples_per_second(in_memory)  # fills the cache
+        def on_train_batch_begin(self, batch_index, logs=None):
+            if batch_index == WARM_UP_STEPS:
+                self.steady = time.perf_counter()
+
+        def on_train_batch_end(self, batch_index, logs=None):
+            if batch_index == 0:  # the first batch waits for the shuffle buffer to fill
+                self.first_batch = time.perf_counter()
+
+        def on_train_end(self, logs=None):
+            self.ended = time.perf_counter()
+
+    def one_pass(dataset) -> tuple[float, float]:
+        """(examples/s in the steady state, seconds from `fit` to its first batch's end)."""
+        clock = Clock()
+        keras_model.fit(dataset, steps_per_epoch=WARM_UP_STEPS + steps, epochs=1, verbose=0,
+                        callbacks=[clock])  # fmt: skip
+        return steps * batch / (clock.ended - clock.steady), clock.first_batch - clock.began
+
+    say(f"Warm-up: tracing, and {WARM_UP_STEPS + steps} batches decoded into memory ...")
+    one_pass(from_records)
+    one_pass(in_memory)  # fills the cache
     rates: dict[str, list[float]] = {"tfrecords": [], "in_memory": []}
+    start_ups: dict[str, list[float]] = {"tfrecords": [], "in_memory": []}
     for index in range(repeats):  # alternated, so that machine noise hits both alike
-        rates["tfrecords"].append(examples_per_second(from_records))
-        rates["in_memory"].append(examples_per_second(in_memory))
+        for name, dataset in (("tfrecords", from_records), ("in_memory", in_memory)):
+            rate, start_up = one_pass(dataset)
+            rates[name].append(rate)
+            start_ups[name].append(start_up)
         say(f"  pass {index + 1}/{repeats}: TFRecords {rates['tfrecords'][-1]:,.0f}, "
             f"in memory {rates['in_memory'][-1]:,.0f} examples/s")  # fmt: skip
     medians = {name: statistics.median(values) for name, values in rates.items()}
     results = {
         "steps": steps,
+        "warm_up_steps": WARM_UP_STEPS,
         "batch_size": batch,
         "repeats": repeats,
         "threads": tf.config.threading.get_inter_op_parallelism_threads(),
@@ -90,6 +118,7 @@ def run(
         "examples_per_second": medians,
         "passes": rates,
         "ratio": medians["tfrecords"] / medians["in_memory"],
+        "start_up_seconds": {name: statistics.median(v) for name, v in start_ups.items()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     results["written_to"] = str(results_path)
@@ -100,12 +129,16 @@ def run(
 
 def table(results: dict) -> str:
     rates = results["examples_per_second"]
+    start_up = results["start_up_seconds"]
     return "\n".join([
-        f"Training input benchmark: {results['steps']} steps of {results['batch_size']} examples, "
-        f"median of {results['repeats']} passes ({results['cpus']} CPUs)",
+        f"Training input benchmark: {results['steps']} steps of {results['batch_size']} examples "
+        f"after {results['warm_up_steps']}, median of {results['repeats']} passes "
+        f"({results['cpus']} CPUs)",
         f"  from the TFRecords (tf.data)  {rates['tfrecords']:>10,.0f} examples/s",
         f"  from memory (decoded)         {rates['in_memory']:>10,.0f} examples/s",
         f"  ratio                          {results['ratio']:>10.2f}  (1.0: the model bounds the "
         "speed, not the input)",
+        f"  start-up, once per training   {start_up['tfrecords']:>10.2f} s from the TFRecords "
+        f"(shuffle buffer), {start_up['in_memory']:.2f} s from memory",
         f"Written to {results['written_to']}",
     ])  # fmt: skip

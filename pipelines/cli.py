@@ -399,8 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="examples per request (default: 1,64)")  # fmt: skip
     bench_input = add("bench-input", cmd_bench_input,
                       "Training examples/s from the TFRecords vs. from memory.")  # fmt: skip
-    bench_input.add_argument("--steps", type=_count, default=200, help="steps per timed pass")
-    bench_input.add_argument("--repeats", type=_count, default=3, help="timed passes of each")
+    bench_input.add_argument("--steps", type=_count, default=400,
+                             help="timed steps per pass, after 20 warm-up steps")  # fmt: skip
+    bench_input.add_argument("--repeats", type=_count, default=7, help="timed passes of each")
     gpu = add("gpu-check", cmd_gpu_check,
               "Examples/s, GPU use: CPU, 1 and all GPUs, float32 and mixed.")  # fmt: skip
     gpu.add_argument("--steps", type=_count, default=300, help="timed steps per setup")

@@ -272,8 +272,12 @@ def test_input_benchmark_compares_tfrecords_with_memory(transformed, tmp_path):
     rates = results["examples_per_second"]
     assert rates["tfrecords"] > 0 and rates["in_memory"] > 0
     assert results["ratio"] == pytest.approx(rates["tfrecords"] / rates["in_memory"])
+    # The iterator's start-up (the TFRecords' shuffle buffer) is reported, not mixed in.
+    assert results["start_up_seconds"]["tfrecords"] > 0
+    assert results["warm_up_steps"] == bench_training.WARM_UP_STEPS
     assert json.loads((tmp_path / "input.json").read_text())["ratio"] == results["ratio"]
-    assert "ratio" in bench_training.table(results) and said
+    assert "ratio" in bench_training.table(results) and "start-up" in bench_training.table(results)
+    assert said
 
 
 def test_input_benchmark_without_a_pipeline_run_says_what_to_do(tmp_path):
