@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 UV_VERSION := 0.13.8
 ARGS ?=
 
-.PHONY: venv run test lint format add-span store lock clean compile
+.PHONY: venv run test lint format add-span store lock clean compile images base-image
 
 venv: $(VENV)/.installed
 
@@ -71,3 +71,14 @@ clean:
 # Kubeflow: regenerate kubeflow/pipeline.yaml (commit it; a test fails when it is stale).
 compile: venv
 	@$(PY) -m pipelines.cli compile $(ARGS)
+
+# Kubeflow: build the step images with podman or docker (pipelines/images.py). BASE=local builds
+# on a Debian minbase + this machine's Python 3.10 (for machines that reach no image registry);
+# GPU=1 adds the CUDA image. The tags are the config's cpu_image / gpu_image (PIPELINE_CPU_IMAGE).
+BASE ?=
+GPU ?=
+images: venv
+	@$(PY) -m pipelines.cli images $(if $(BASE),--base $(BASE)) $(if $(GPU),--gpu) $(ARGS)
+
+base-image: venv
+	@$(PY) -m pipelines.cli images --base-only $(ARGS)

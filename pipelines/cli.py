@@ -4,7 +4,7 @@ Local: run, add-span, store, watch. Served versions: models list, models show, r
 Serving: serve (TF Serving's REST API), serving-sync (the mirror TF Serving reads), bench-serving.
 Training: bench-input (is training bound by its input pipeline?), gpu-check (on a GPU machine),
 tensorboard (a training run's TensorBoard logs, copied to local disk and served).
-Kubeflow: compile, submit, schedule, pause, resume.
+Kubeflow: images (build the step images), compile, submit, schedule, pause, resume.
 
 The console shows progress, results and errors. Each command writes a log of its own,
 `.work/logs/<command>-<time>-<pid>.log`, with everything the libraries print and, when something
@@ -139,6 +139,16 @@ def cmd_gpu_check(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import gpu_check
 
     gpu_check.run(config, args.steps, console.say)
+    return 0
+
+
+def cmd_images(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import images
+
+    if args.base_only:
+        images.ensure_local_base(images.engine(), rebuild=True, say=console.say)
+        return 0
+    images.build_images(config, base=args.base, gpu=args.gpu, say=console.say)
     return 0
 
 
@@ -405,6 +415,17 @@ def build_parser() -> argparse.ArgumentParser:
     gpu = add("gpu-check", cmd_gpu_check,
               "Examples/s, GPU use: CPU, 1 and all GPUs, float32 and mixed.")  # fmt: skip
     gpu.add_argument("--steps", type=_count, default=300, help="timed steps per setup")
+    image = add("images", cmd_images,
+                "Build the step images (cpu_image, and gpu_image with --gpu) with podman or "
+                "docker.")  # fmt: skip
+    image.add_argument(
+        "--base", metavar="IMAGE",
+        help="base image instead of the Dockerfile's pinned one; 'local': a Debian minbase + "
+        "this Python 3.10, built once (needs root)",
+    )  # fmt: skip
+    image.add_argument("--gpu", action="store_true", help="also the GPU image (NVIDIA's base)")
+    image.add_argument("--base-only", action="store_true",
+                       help="(re)build the local base image only")  # fmt: skip
     board = add("tensorboard", cmd_tensorboard,
                 "Copy the newest training run's TensorBoard logs to .work/tensorboard/ and "
                 "serve them with TensorBoard.")  # fmt: skip

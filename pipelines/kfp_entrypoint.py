@@ -30,6 +30,8 @@ LOCAL_ROOT_ENV = "KFP_LOCAL_ARTIFACT_ROOT"
 _SCHEME_FOLDERS = {"s3://": "s3", "gs://": "gcs", "minio://": "minio"}
 INVOCATION_FLAG = "--json_serialized_invocation_args"
 INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
+EXECUTOR_FLAG = "--executor_class_path"
+EXECUTOR_STARTS = "starts: imports done"
 # A run parameter added by pipelines/kubeflow_runner.py: Beam options as a JSON list of strings.
 BEAM_ARGS_PARAMETER = "beam_args"
 # Outputs the backend adds to every task for its own use, not the step's: with PUBLISH_LOGS on
@@ -198,6 +200,12 @@ def main(argv: list[str]) -> int:
     except (MissingInputError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except PermissionError as error:
+        print(f"error: this step runs as uid {os.getuid()} and may not use "
+              f"{error.filename or 'a launcher path'} ({error.strerror}): the launcher's volumes "
+              "must be writable by the image's user (kubeflow/README.md, section 1)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     argv[position] = json.dumps(executor_input)
     # Imported after the checks above: TFX's import alone takes about 20 s.
     from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor as tfx_entrypoint
@@ -207,6 +215,9 @@ def main(argv: list[str]) -> int:
     # its log, which the UI shows; the libraries' imports leave the root logger at WARNING.
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.INFO)
+    # The line that ends the step's start-up: tests/kfp_containers.py times it from the start.
+    executor = argv[argv.index(EXECUTOR_FLAG) + 1] if EXECUTOR_FLAG in argv else "executor"
+    logging.getLogger(__name__).info("%s %s", executor, EXECUTOR_STARTS)
     tfx_entrypoint.main(tfx_entrypoint._parse_flags(argv))
     restore_remote_uris(executor_input["outputs"]["outputFile"], remote_of)
     return 0

@@ -21,7 +21,9 @@ Each rule names the file of kubeflow/pipelines at tag 2.5.0 (backend/src/...) th
   (v2/metadata/client.go CreateExecution with NotTriggered; argocompiler/dag.go `when`), and
   every task that depends on it is omitted, because Argo's enhanced depends wait for
   `<task>.Succeeded` (argocompiler/dag.go depends). The run still succeeds.
-Artifacts live on a real S3 store (SeaweedFS); the containers' Python is this project's .venv.
+Artifacts live on a real S3 store (SeaweedFS). Each pod is a process of this project's .venv
+with the image's ENV (kfp_launcher.Pod), or with `containers=` a container of the image itself
+(kfp_containers.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from pipelines.config import REPO_ROOT
 from tests import kfp_launcher, kfp_store
+from tests.kfp_containers import ContainerRuntime
 from tests.kfp_launcher import EXECUTOR_LOGS, TaskFailed
 
 __all__ = ["Backend", "TaskFailed", "UnsupportedByKubeflow", "check_supported", "load_strictly"]
@@ -182,6 +185,7 @@ class Backend:
         namespace: str = "kubeflow",
         publish_logs: bool = True,
         interrupt: dict[str, Callable[[], bool]] | None = None,
+        containers: ContainerRuntime | None = None,
     ):
         if not pipeline_root.startswith("s3://"):
             raise UnsupportedByKubeflow(f"pipeline root {pipeline_root}: only s3:// is played")
@@ -194,6 +198,9 @@ class Backend:
         # RetryPolicyOnFailure), so the task and the run fail. `retry_waits` lists the backoffs
         # Argo would have waited.
         self.interrupt = dict(interrupt or {})
+        # Each pod as a container of the image the spec names (kfp_containers.py), else as a
+        # process of this project's .venv with the image's ENV.
+        self.containers = containers
         self.preempt: dict[str, Callable[[], bool]] = {}
         self.retry_waits: list[tuple[str, int]] = []
         # config/s3.go: the session of an s3 root whose kfp-launcher ConfigMap names no provider.
@@ -303,16 +310,22 @@ class Backend:
         label = component["executorLabel"]
         container = spec["deploymentSpec"]["executors"][label]["container"]
         pod_root = self.work_dir / "pods" / run.run_id / f"{task_name}-{attempt}"
-        pod = kfp_launcher.Pod.create(
-            pod_root,
-            self._image_env(container["image"]),
-            {variable["name"]: variable["value"] for variable in container.get("env", [])},
-            self._secret_env(platform, label),
-            container.get("resources", {}).get("memoryLimit"),
-        )
+        image_env = self._image_env(container["image"])
+        container_env = {item["name"]: item["value"] for item in container.get("env", [])}
+        secret_env = self._secret_env(platform, label)
+        resources = container.get("resources", {})
+        if self.containers is not None:
+            environment = kfp_launcher.pod_environment(container_env, secret_env)
+            pod = self.containers.pod(
+                pod_root, container["image"], environment, resources, task_name
+            )
+        else:
+            pod = kfp_launcher.Pod.create(
+                pod_root, image_env, container_env, secret_env, resources.get("memoryLimit")
+            )
         executor_input = json.loads(json.dumps(executor_input))
-        # The pod's "/" is its root folder here: the output metadata file lives in its /tmp.
-        executor_input["outputs"]["outputFile"] = str(pod.path(kfp_launcher.OUTPUT_METADATA_FILE))
+        # The output metadata file lives in the pod's /tmp.
+        executor_input["outputs"]["outputFile"] = pod.step_path(kfp_launcher.OUTPUT_METADATA_FILE)
         interrupt = self.interrupt.pop(task_name, None) if attempt == 0 else None
         preempt = self.preempt.pop(task_name, None) if attempt == 0 else None
         preempted = []

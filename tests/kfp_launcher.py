@@ -67,6 +67,22 @@ def image_environment(dockerfile: Path) -> dict[str, str]:
     return environment
 
 
+def pod_environment(container_env: dict[str, str], secret_env: dict[str, str]) -> dict[str, str]:
+    """What the pod's container gets on top of its image's ENV."""
+    name = f"pod-{uuid.uuid4().hex[:10]}"
+    return {
+        **container_env,  # the spec's container.env (driver.go initPodSpecPatch)
+        **secret_env,  # platform spec secretAsEnv (driver.go extendPodSpecPatch)
+        # compiler/argocompiler/common.go: commonEnvs and the metadata-grpc-configmap envFrom
+        # (manifests/kustomize/base/metadata/base/metadata-grpc-configmap.yaml).
+        "KFP_POD_NAME": name,
+        "KFP_POD_UID": str(uuid.uuid4()),
+        "METADATA_GRPC_SERVICE_HOST": "metadata-grpc-service",
+        "METADATA_GRPC_SERVICE_PORT": "8080",
+        "HOSTNAME": name,
+    }
+
+
 @dataclass
 class Pod:
     """A task's pod: a fresh root (empty /s3, /gcs, /minio emptyDir volumes,
@@ -88,7 +104,6 @@ class Pod:
     ) -> Pod:
         for folder in ("s3", "gcs", "minio", "tmp", ".local", ".cache", ".config"):
             (root / folder).mkdir(parents=True)
-        name = f"pod-{uuid.uuid4().hex[:10]}"
         environment = {}
         for key, value in image_env.items():
             # The image's venv is this project's .venv here; absolute paths live under the root.
@@ -97,16 +112,8 @@ class Pod:
                 (root / value.lstrip("/")).mkdir(parents=True, exist_ok=True)
                 value = str(root / value.lstrip("/"))
             environment[key] = value
-        environment.update(container_env)  # the spec's container.env (driver.go initPodSpecPatch)
+        environment.update(pod_environment(container_env, secret_env))
         environment.update(
-            secret_env,  # platform spec secretAsEnv (driver.go extendPodSpecPatch)
-            # compiler/argocompiler/common.go: commonEnvs and the metadata-grpc-configmap envFrom
-            # (manifests/kustomize/base/metadata/base/metadata-grpc-configmap.yaml).
-            KFP_POD_NAME=name,
-            KFP_POD_UID=str(uuid.uuid4()),
-            METADATA_GRPC_SERVICE_HOST="metadata-grpc-service",
-            METADATA_GRPC_SERVICE_PORT="8080",
-            HOSTNAME=name,
             TMPDIR=str(root / "tmp"),  # harness only: the pod's own /tmp
             KFP_LOCAL_ARTIFACT_ROOT=str(root),  # harness only: where the pod's "/" is
         )
@@ -117,6 +124,10 @@ class Pod:
 
     def path(self, absolute: str) -> Path:
         return self.root / absolute.lstrip("/")
+
+    def step_path(self, absolute: str) -> str:
+        """A launcher path as the step sees it: under its root here (KFP_LOCAL_ARTIFACT_ROOT)."""
+        return str(self.path(absolute))
 
     def run(self, command: list[str], log_path: Path, cwd: Path, kill_when=None) -> int:
         """Runs the container's process; kills it (exit 137, as the kernel's OOM killer does to a
@@ -253,7 +264,7 @@ def launch(
         raise TaskFailed(f"exited {returncode}; log {log_path}:\n{tail}")
 
     # getExecutorOutputFile: a missing file is an empty ExecutorOutput.
-    output_file = Path(outputs["outputFile"])
+    output_file = pod.path(OUTPUT_METADATA_FILE)
     reported = {}
     if output_file.exists():
         reported = json.loads(output_file.read_text()).get("artifacts", {})
