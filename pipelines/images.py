@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,12 +165,23 @@ def _stream(container_engine: Engine, arguments: list[str], say: Callable) -> No
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     tail: list[str] = []
+    current = {"step": "starting", "since": started}
+    done = threading.Event()
+
+    def heartbeat() -> None:  # a step such as the lock's install runs for minutes in silence
+        while not done.wait(30):
+            say(f"  [{time.monotonic() - started:5.0f} s] still at {current['step']} "
+                f"({time.monotonic() - current['since']:.0f} s)")  # fmt: skip
+
+    threading.Thread(target=heartbeat, daemon=True).start()
     for line in process.stdout:
         sys.stdout.write(line)
         tail = (tail + [line.rstrip()])[-30:]
         step = re.search(r"(STEP \d+/\d+|Step \d+/\d+ ?):?\s*(.{0,90})", line)
         if step:
+            current.update(step=step.group(1), since=time.monotonic())
             say(f"  [{time.monotonic() - started:5.0f} s] {step.group(1)} {step.group(2)}")
+    done.set()
     if process.wait() != 0:
         raise ImageBuildFailed(
             f"{container_engine.name} build failed (exit {process.returncode}):\n" + "\n".join(tail)
