@@ -70,9 +70,14 @@ class Engine:
     def name(self) -> str:
         return Path(self.command[0]).name
 
+    @property
+    def process_environment(self) -> dict[str, str]:
+        """This process's environment with the engine's settings on top."""
+        return {**os.environ, **self.environment}
+
     def run(self, *arguments: str, check: bool = True, **options) -> subprocess.CompletedProcess:
         result = subprocess.run(
-            [*self.command, *arguments], env={**os.environ, **self.environment},
+            [*self.command, *arguments], env=self.process_environment,
             capture_output=True, text=True, **options,
         )  # fmt: skip
         if check and result.returncode != 0:
@@ -161,7 +166,7 @@ def _stream(container_engine: Engine, arguments: list[str], say: Callable) -> No
     """Runs a build: every line to this command's log (stdout), each step to the console."""
     started = time.monotonic()
     process = subprocess.Popen(
-        [*container_engine.command, *arguments], env={**os.environ, **container_engine.environment},
+        [*container_engine.command, *arguments], env=container_engine.process_environment,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     tail: list[str] = []

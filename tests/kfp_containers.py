@@ -46,9 +46,9 @@ from pathlib import Path
 
 from pipelines.images import Engine
 from pipelines.kfp_entrypoint import EXECUTOR_STARTS
-from tests.kfp_launcher import OOM_KILLED, TaskFailed
+from tests.kfp_launcher import EMPTY_DIRS, OOM_KILLED, TaskFailed
 
-VOLUMES = ("s3", "gcs", "minio", ".local", ".cache", ".config", "tmp/kfp_outputs")
+VOLUMES = (*EMPTY_DIRS, "tmp/kfp_outputs")
 _SOCKET_IN_SIDECAR = "/run/tkp-store/store.sock"
 # One direction of a forwarded connection; the host side and the sidecar both run this text.
 _PIPE = """
@@ -247,7 +247,7 @@ class ContainerPod:
                 # cwd: podman 4.3's conmon writes its `oom` marker into its working directory.
                 process = subprocess.Popen(
                     self._arguments(name, command, env_file), cwd=self.root,
-                    env={**os.environ, **self.runtime.engine.environment},
+                    env=self.runtime.engine.process_environment,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 )  # fmt: skip
                 reader = threading.Thread(

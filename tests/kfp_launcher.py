@@ -36,6 +36,9 @@ _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The image's virtual environment; the harness stands this project's .venv in for it.
 IMAGE_VENV = "/opt/venv"
 OOM_KILLED = 137
+# The pod's emptyDir volumes (compiler/argocompiler/container.go): the launcher's artifact
+# folders and the folders a non-root user's tools write to.
+EMPTY_DIRS = ("s3", "gcs", "minio", ".local", ".cache", ".config")
 
 
 class TaskFailed(RuntimeError):
@@ -102,7 +105,7 @@ class Pod:
         secret_env: dict[str, str],
         memory_limit_gb: float | None,
     ) -> Pod:
-        for folder in ("s3", "gcs", "minio", "tmp", ".local", ".cache", ".config"):
+        for folder in (*EMPTY_DIRS, "tmp"):
             (root / folder).mkdir(parents=True)
         environment = {}
         for key, value in image_env.items():
