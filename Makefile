@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 UV_VERSION := 0.13.8
 ARGS ?=
 
-.PHONY: venv run test lint format add-span store lock clean compile images base-image
+.PHONY: venv run test lint format add-span store lock clean compile submit schedule images \
+	base-image
 
 venv: $(VENV)/.installed
 
@@ -49,9 +50,11 @@ add-span: venv
 store: venv
 	@$(PY) -m pipelines.cli store $(ARGS)
 
+# The CI recipe is linted too: actionlint, with shellcheck on its run: scripts.
 lint: venv
 	$(VENV)/bin/ruff check pipelines components tests
 	$(VENV)/bin/ruff format --check pipelines components tests
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/actionlint .github/workflows/*.yml
 
 format: venv
 	$(VENV)/bin/ruff check --fix pipelines components tests
@@ -68,17 +71,35 @@ lock:
 clean:
 	rm -rf .work
 
-# Kubeflow: regenerate kubeflow/pipeline.yaml (commit it; a test fails when it is stale).
+# Kubeflow: regenerate kubeflow/pipeline.yaml (commit it; a test fails when it is stale). CI
+# compiles with per-commit image tags (PIPELINE_CPU_IMAGE, PIPELINE_GPU_IMAGE) into SPEC.
+SPEC ?= kubeflow/pipeline.yaml
 compile: venv
-	@$(PY) -m pipelines.cli compile $(ARGS)
+	@$(PY) -m pipelines.cli compile --output "$(SPEC)" $(ARGS)
+
+# Kubeflow: one run of SPEC, and the recurring run (CRON, 5 fields; REPLACE=1 moves an existing
+# one of the same name to SPEC, as CI does after a merge). The endpoint is KFP_ENDPOINT, a
+# bearer token (if the API wants one) KFP_TOKEN.
+CRON ?=
+REPLACE ?=
+submit: venv
+	@$(PY) -m pipelines.cli submit --package "$(SPEC)" $(ARGS)
+
+schedule: venv
+	$(if $(CRON),,$(error CRON is required, e.g. make schedule CRON="0 2 * * *"))
+	@$(PY) -m pipelines.cli schedule --package "$(SPEC)" --cron "$(CRON)" \
+	  $(if $(REPLACE),--replace) $(ARGS)
 
 # Kubeflow: build the step images with podman or docker (pipelines/images.py). BASE=local builds
 # on a Debian minbase + this machine's Python 3.10 (for machines that reach no image registry);
-# GPU=1 adds the CUDA image. The tags are the config's cpu_image / gpu_image (PIPELINE_CPU_IMAGE).
+# GPU=1 adds the CUDA image; PUSH=1 then pushes them. The tags are the config's cpu_image /
+# gpu_image (PIPELINE_CPU_IMAGE, PIPELINE_GPU_IMAGE).
 BASE ?=
 GPU ?=
+PUSH ?=
 images: venv
-	@$(PY) -m pipelines.cli images $(if $(BASE),--base $(BASE)) $(if $(GPU),--gpu) $(ARGS)
+	@$(PY) -m pipelines.cli images $(if $(BASE),--base $(BASE)) $(if $(GPU),--gpu) \
+	  $(if $(PUSH),--push) $(ARGS)
 
 base-image: venv
 	@$(PY) -m pipelines.cli images --base-only $(ARGS)

@@ -149,6 +149,8 @@ def cmd_images(args: argparse.Namespace, config: PipelineConfig) -> int:
         images.ensure_local_base(images.engine(), rebuild=True, say=console.say)
         return 0
     images.build_images(config, base=args.base, gpu=args.gpu, say=console.say)
+    if args.push:
+        images.push_images(config, gpu=args.gpu, say=console.say)
     return 0
 
 
@@ -231,10 +233,12 @@ def cmd_schedule(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
     job_id = kfp_client.schedule(
-        args.endpoint, args.package, args.cron, _parameters(args), args.experiment, args.name
-    )
+        args.endpoint, args.package, args.cron, _parameters(args), args.experiment, args.name,
+        replace=args.replace,
+    )  # fmt: skip
     console.say(
-        f"Created recurring run {job_id} ({args.name}, cron {args.cron!r}) on {args.endpoint}."
+        f"Created recurring run {job_id} ({args.name}, cron {args.cron!r}) on {args.endpoint}"
+        + (" (any earlier one of that name is deleted)." if args.replace else ".")
     )
     return 0
 
@@ -379,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     schedule.add_argument("--cron", required=True, help='cron, e.g. "0 2 * * *" (nightly, 02:00)')
     schedule.add_argument("--name", default="taxi-tips-nightly", help="recurring run name")
+    schedule.add_argument("--replace", action="store_true",
+                          help="move a recurring run of that name to this package (as CI does "
+                          "after a merge) instead of refusing")  # fmt: skip
     for name, handler, text in (
         ("pause", cmd_pause, "Pause a recurring run."),
         ("resume", cmd_resume, "Resume a paused recurring run."),
@@ -424,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
         "this Python 3.10, built once (needs root)",
     )  # fmt: skip
     image.add_argument("--gpu", action="store_true", help="also the GPU image (NVIDIA's base)")
+    image.add_argument("--push", action="store_true",
+                       help="then push them (the registry login is the engine's own)")  # fmt: skip
     image.add_argument("--base-only", action="store_true",
                        help="(re)build the local base image only")  # fmt: skip
     board = add("tensorboard", cmd_tensorboard,

@@ -3,7 +3,8 @@
 The images are the config's `cpu_image` (kubeflow/Dockerfile) and, with `gpu=True`,
 `gpu_image` (kubeflow/Dockerfile.gpu), built from the repository root. Their tags come from the
 config, whose defaults carry the project version (tests/test_containers.py keeps them equal);
-PIPELINE_CPU_IMAGE / PIPELINE_GPU_IMAGE name others, as CI does with a tag per commit.
+PIPELINE_CPU_IMAGE / PIPELINE_GPU_IMAGE name others, as CI does with a tag per commit
+(.github/workflows/train-on-merge.yml); `push=True` then pushes them with the engine's login.
 
 The base is the Dockerfile's own pinned public image unless `base` names another. `base="local"`
 uses (and first builds, when it is missing) LOCAL_BASE: a Debian bookworm minbase root file
@@ -162,8 +163,37 @@ def build_images(
     return sizes
 
 
-def _stream(container_engine: Engine, arguments: list[str], say: Callable) -> None:
-    """Runs a build: every line to this command's log (stdout), each step to the console."""
+def push_images(
+    config: PipelineConfig, gpu: bool = False, say: Callable = print,
+    container_engine: Engine | None = None,
+) -> list[str]:  # fmt: skip
+    """Pushes the CPU image (and the GPU image) under the config's tags; returns the references.
+    The registry's credentials are the engine's own (`docker login`, `podman login`)."""
+    container_engine = container_engine or engine()
+    wanted = [config.cpu_image] + ([config.gpu_image] if gpu else [])
+    for reference in wanted:
+        if not container_engine.image_exists(reference):
+            raise ImageBuildFailed(f"{reference} is not built here: run `make images` first")
+        say(f"Pushing {reference} with {container_engine.name} ...")
+        started = time.monotonic()
+        _stream(container_engine, ["push", reference], say, _PUSH_PROGRESS,
+                advice=f"check that `{container_engine.name} login` reaches the registry of "
+                f"{reference} and may push there")  # fmt: skip
+        say(f"Pushed {reference} in {time.monotonic() - started:.0f} s")
+    return wanted
+
+
+_BUILD_PROGRESS = r"(STEP \d+/\d+|Step \d+/\d+ ?):?\s*(.{0,90})"
+# podman: "Copying blob sha256:abc..."; docker: "abc123def456: Pushed"
+_PUSH_PROGRESS = r"(Copying (?:blob|config)|\w{12}: Pushed)\s*(sha256:\w{12})?"
+
+
+def _stream(
+    container_engine: Engine, arguments: list[str], say: Callable,
+    progress: str = _BUILD_PROGRESS, advice: str = "",
+) -> None:  # fmt: skip
+    """Runs a build or a push: every line to this command's log (stdout), each step (a line
+    matching `progress`) to the console."""
     started = time.monotonic()
     process = subprocess.Popen(
         [*container_engine.command, *arguments], env=container_engine.process_environment,
@@ -182,14 +212,17 @@ def _stream(container_engine: Engine, arguments: list[str], say: Callable) -> No
     for line in process.stdout:
         sys.stdout.write(line)
         tail = (tail + [line.rstrip()])[-30:]
-        step = re.search(r"(STEP \d+/\d+|Step \d+/\d+ ?):?\s*(.{0,90})", line)
+        step = re.search(progress, line)
         if step:
             current.update(step=step.group(1), since=time.monotonic())
-            say(f"  [{time.monotonic() - started:5.0f} s] {step.group(1)} {step.group(2)}")
+            say(f"  [{time.monotonic() - started:5.0f} s] {step.group(1)} {step.group(2) or ''}")
     done.set()
     if process.wait() != 0:
         raise ImageBuildFailed(
-            f"{container_engine.name} build failed (exit {process.returncode}):\n" + "\n".join(tail)
+            f"{container_engine.name} {arguments[0]} failed (exit {process.returncode})"
+            + (f": {advice}" if advice else "")
+            + ":\n"
+            + "\n".join(tail)
         )
 
 

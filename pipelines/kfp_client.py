@@ -3,6 +3,10 @@
 Thin functions over `kfp.Client` (SDK 2.5). Everything that can be checked locally (the endpoint
 answers, parameter names and types, the cron expression) is checked before anything is uploaded,
 so a typo never leaves a half-created pipeline version or schedule behind.
+
+Authentication: where the API sits behind an authenticating proxy (multi-user Kubeflow), a
+bearer token in KFP_TOKEN (a ServiceAccount token, a CI secret) goes with every request; it is
+never printed.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import contextlib
 import datetime
 import hashlib
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -48,13 +53,24 @@ def check_endpoint(endpoint: str, timeout_s: float = 5) -> None:
     url = endpoint.rstrip("/") + "/apis/v2beta1/healthz"
     # No proxies from the environment: kfp.Client's HTTP pool does not use them either.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    token = _token()
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
     try:
-        with opener.open(url, timeout=timeout_s) as response:
+        with opener.open(request, timeout=timeout_s) as response:
             status = response.status
     except urllib.error.HTTPError as error:
         status = error.code
     except (OSError, ValueError) as error:  # refused, DNS, timeout, malformed URL
         status = f"no answer ({error})"
+    if status in (401, 403):
+        raise KubeflowError(
+            f"Kubeflow Pipelines API at {endpoint} refused the request (HTTP {status}): "
+            + ("KFP_TOKEN was sent but not accepted; is it expired, or for another audience?"
+               if token else "it needs a bearer token; set KFP_TOKEN (e.g. `kubectl create "
+               "token SERVICE_ACCOUNT -n NAMESPACE --audience pipelines.kubeflow.org`)")
+        )  # fmt: skip
     if not isinstance(status, int) or not 200 <= status < 300:
         raise KubeflowError(
             f"Kubeflow Pipelines API at {endpoint} is not reachable: GET {url} gave {status}. "
@@ -162,10 +178,14 @@ def _api(what: str) -> Iterator[None]:
         raise KubeflowError(f"{what}: HTTP {error.status} {error.reason}: {error.body}") from None
 
 
+def _token() -> str | None:
+    return os.environ.get("KFP_TOKEN", "").strip() or None
+
+
 def _client(endpoint: str, namespace: str | None) -> Any:
     import kfp  # imported late: it costs about a second, and the checks above don't need it
 
-    return kfp.Client(host=endpoint, namespace=namespace or "kubeflow")
+    return kfp.Client(host=endpoint, namespace=namespace or "kubeflow", existing_token=_token())
 
 
 def _pipeline_version(client: Any, package_path: str, pipeline_name: str) -> tuple[str, str]:
@@ -221,9 +241,15 @@ def schedule(
     experiment: str = "taxi-tips",
     job_name: str = "taxi-tips-nightly",
     namespace: str | None = None,
+    replace: bool = False,
 ) -> str:
     """Create an enabled recurring run; returns its id. One run at a time (a run still going
-    when the next is due delays it); no catch-up (after a pause only the latest missed run)."""
+    when the next is due delays it); no catch-up (after a pause only the latest missed run).
+
+    With `replace`, a recurring run of the same name moves to this package (CI after a merge):
+    KFP's API cannot change a recurring run's pipeline version, so the old one is paused, the new
+    one created, then the old one deleted. Two never fire side by side, and if the creation
+    fails the old one is resumed: the schedule is never lost."""
     cron6 = normalize_cron(cron)
     check_endpoint(endpoint)
     typed = _typed_parameters(package_path, parameters)
@@ -232,18 +258,28 @@ def schedule(
     with _api(f"scheduling {package_path} on {endpoint}"):
         experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id
         same_name = _name_filter(job_name)
-        existing = client.list_recurring_runs(experiment_id=experiment_id, filter=same_name)
-        if existing.recurring_runs:  # two schedules of one name would run the pipeline twice
+        found = client.list_recurring_runs(experiment_id=experiment_id, filter=same_name)
+        old_ids = [job.recurring_run_id for job in found.recurring_runs or []]
+        if old_ids and not replace:  # two schedules of one name would run the pipeline twice
             raise KubeflowError(
                 f"a recurring run named {job_name!r} already exists in experiment {experiment!r} "
-                f"(id {existing.recurring_runs[0].recurring_run_id}); delete it in the UI or "
-                "choose another --name."
+                f"(id {old_ids[0]}); pass --replace (make schedule REPLACE=1) to move it to "
+                "this package, delete it in the UI, or choose another --name."
             )
         pipeline_id, version_id = _pipeline_version(client, package_path, pipeline_name)
-        job = client.create_recurring_run(
-            experiment_id, job_name, cron_expression=cron6, max_concurrency=1, no_catchup=True,
-            params=typed, pipeline_id=pipeline_id, version_id=version_id,
-        )  # fmt: skip
+        for old_id in old_ids:
+            client.disable_recurring_run(old_id)
+        try:
+            job = client.create_recurring_run(
+                experiment_id, job_name, cron_expression=cron6, max_concurrency=1,
+                no_catchup=True, params=typed, pipeline_id=pipeline_id, version_id=version_id,
+            )  # fmt: skip
+        except Exception:
+            for old_id in old_ids:
+                client.enable_recurring_run(old_id)
+            raise
+        for old_id in old_ids:
+            client.delete_recurring_run(old_id)
     return job.recurring_run_id
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -44,6 +45,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines import images as pipeline_images
 from pipelines.images import Engine
 from pipelines.kfp_entrypoint import EXECUTOR_STARTS
 from tests.kfp_launcher import EMPTY_DIRS, OOM_KILLED, TaskFailed
@@ -345,3 +347,20 @@ def _peak_bytes(cgroup: Path) -> int:
         return int((cgroup / ("memory.max_usage_in_bytes" if v1 else "memory.peak")).read_text())
     except (OSError, ValueError):
         return 0
+
+
+def missing_for_images() -> str | None:
+    """What this machine lacks to build and run the images, or None."""
+    try:
+        engine = pipeline_images.engine()
+    except pipeline_images.ImageBuildFailed as missing:
+        return str(missing)
+    if engine.run("info", check=False).returncode != 0:
+        return f"{engine.name} is installed but cannot run here (`{engine.name} info` fails)"
+    if engine.image_exists(pipeline_images.LOCAL_BASE):
+        return None
+    if os.geteuid() != 0:
+        return "building the local base image needs root (debootstrap, chroot)"
+    if not shutil.which("debootstrap"):
+        return "debootstrap is missing (apt-get install debootstrap)"
+    return None

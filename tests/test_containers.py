@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -26,7 +25,7 @@ from components.registry import versions_dir as serving_model_dir
 from pipelines import data, images, kubeflow_runner, serving, storage
 from pipelines.config import REPO_ROOT, SECRET_KEYS, WORK_DIR, PipelineConfig
 from tests import kfp_harness
-from tests.kfp_containers import ContainerRuntime
+from tests.kfp_containers import ContainerRuntime, missing_for_images
 
 FIGURES_PATH = WORK_DIR / "bench" / "containers.json"
 
@@ -56,27 +55,10 @@ def test_image_tags_carry_the_project_version():
     assert config.gpu_image.endswith(f":{version.group(1)}")
 
 
-def _missing() -> str | None:
-    """What this machine lacks to build and run the images, or None."""
-    try:
-        engine = images.engine()
-    except images.ImageBuildFailed as missing:
-        return str(missing)
-    if engine.run("info", check=False).returncode != 0:
-        return f"{engine.name} is installed but cannot run here (`{engine.name} info` fails)"
-    if engine.image_exists(images.LOCAL_BASE):
-        return None
-    if os.geteuid() != 0:
-        return "building the local base image needs root (debootstrap, chroot)"
-    if not shutil.which("debootstrap"):
-        return "debootstrap is missing (apt-get install debootstrap)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def step_image():
     """The CPU image, built by `make images BASE=local`, the target CI runs."""
-    missing = _missing()
+    missing = missing_for_images()
     if missing:
         pytest.skip(f"container tests: {missing}")
     started = time.monotonic()

@@ -1,19 +1,14 @@
 """Tests of pipelines/kfp_client.py: cron normalization, endpoint checks, submit/schedule/pause.
 
-`FakeKfpApi` is a stand-in for the KFP API server, which cannot run here (no Kubernetes): a
-loopback HTTP server that records every request kfp.Client makes and answers the minimal JSON of
-the v2beta1 REST API (healthz, pipelines, uploads, experiments, runs, recurring runs). It checks
-what our code sends (and that nothing is sent when a local check fails), not KFP's behaviour.
+The KFP API server cannot run here (no Kubernetes): tests/kfp_api_stand_in.py stands in for it.
+These tests check what our code sends (and that nothing is sent when a local check fails), not
+KFP's behaviour.
 """
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 import time
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kfp
 import pytest
@@ -21,123 +16,7 @@ import pytest
 from pipelines import kfp_client
 from pipelines.errors import ActionableError
 from pipelines.kfp_client import KubeflowError
-
-API = "/apis/v2beta1"
-
-SPEC = """\
-pipelineInfo:
-  name: taxi-tips
-schemaVersion: 2.1.0
-sdkVersion: tfx-1.16.0
-deploymentSpec:
-  executors: {}
-components: {}
-root:
-  dag:
-    tasks: {}
-  inputDefinitions:
-    parameters:
-      span: {parameterType: NUMBER_INTEGER, defaultValue: -1}
-      min_auc: {parameterType: NUMBER_DOUBLE, defaultValue: 0.75}
-      data_root: {parameterType: STRING, defaultValue: s3://tfx-pipeline/data/taxi-trips}
-      beam_args: {parameterType: STRING, defaultValue: '[]'}
----
-platforms:
-  kubernetes:
-    deploymentSpec:
-      executors: {}
-"""
-
-
-class FakeKfpApi:
-    """Records (method, path, query, body) and keeps just enough state for the client's calls."""
-
-    def __init__(self, healthz_status: int = 200) -> None:
-        self.requests: list[tuple[str, str, dict, object]] = []
-        self.healthz_status = healthz_status
-        self.pipelines: dict[str, list[dict]] = {}  # display name -> versions
-        self.recurring_runs: list[dict] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:  # keep pytest output clean
-                pass
-
-            def do_GET(self) -> None:
-                self._answer("GET")
-
-            def do_POST(self) -> None:
-                self._answer("POST")
-
-            def _answer(self, method: str) -> None:
-                url = urllib.parse.urlsplit(self.path)
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                try:
-                    body: object = json.loads(raw) if raw else None
-                except ValueError:
-                    body = raw  # multipart upload
-                query = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
-                fake.requests.append((method, url.path, query, body))
-                status, answer = fake.respond(method, url.path, query, body)
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        # A short poll interval makes shutdown() at teardown quick.
-        serve = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        serve.start()
-
-    def respond(self, method: str, path: str, query: dict, body: object) -> tuple[int, dict]:
-        name = _filtered_name(query)
-        if path == f"{API}/healthz":
-            return self.healthz_status, {"multi_user": False}
-        if path == f"{API}/pipelines" and method == "GET":
-            found = [{"pipeline_id": name, "display_name": name}] if name in self.pipelines else []
-            return 200, {"pipelines": found}
-        if path == f"{API}/pipelines/upload":
-            pipeline = query["name"]
-            self.pipelines[pipeline] = [{"pipeline_id": pipeline, "pipeline_version_id": "v0"}]
-            return 200, {"pipeline_id": pipeline, "display_name": pipeline}
-        if path == f"{API}/pipelines/upload_version":
-            version = {"pipeline_id": query["pipelineid"], "pipeline_version_id": query["name"]}
-            self.pipelines[query["pipelineid"]].append(version)
-            return 200, version
-        if path.startswith(f"{API}/pipelines/") and path.endswith("/versions"):
-            versions = self.pipelines[path.split("/")[-2]]
-            if name:
-                versions = [v for v in versions if v["pipeline_version_id"] == name]
-            return 200, {"pipeline_versions": versions}
-        if path == f"{API}/experiments":
-            experiment = {"experiment_id": "exp-1", "display_name": "taxi-tips"}
-            return 200, ({"experiments": []} if method == "GET" else experiment)
-        if path == f"{API}/runs":
-            return 200, {"run_id": "run-1"}
-        if path == f"{API}/recurringruns" and method == "GET":
-            same = [r for r in self.recurring_runs if r["display_name"] == name]
-            return 200, {"recurringRuns": same}  # sic: that field is camelCase in the API
-        if path == f"{API}/recurringruns":
-            self.recurring_runs.append({**body, "recurring_run_id": "job-1"})
-            return 200, self.recurring_runs[-1]
-        if path in (f"{API}/recurringruns/job-1:enable", f"{API}/recurringruns/job-1:disable"):
-            return 200, {}
-        return 404, {"error": "not found", "code": 5}
-
-    def paths(self) -> list[str]:
-        return [f"{method} {path}" for method, path, _, _ in self.requests]
-
-    def bodies(self, method: str, path: str) -> list:
-        return [body for m, p, _, body in self.requests if (m, p) == (method, path)]
-
-
-def _filtered_name(query: dict) -> str | None:
-    if "filter" not in query:
-        return None
-    return json.loads(query["filter"])["predicates"][0]["stringValue"]
+from tests.kfp_api_stand_in import API, SPEC, FakeKfpApi
 
 
 @pytest.fixture
@@ -146,8 +25,7 @@ def api(monkeypatch: pytest.MonkeyPatch, tmp_path):
     monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
     fake = FakeKfpApi()
     yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+    fake.close()
 
 
 @pytest.fixture
@@ -317,14 +195,77 @@ def test_schedule_creates_a_single_concurrency_no_catchup_cron_job(
     assert job["pipeline_version_reference"]["pipeline_id"] == "taxi-tips"
     assert api.requests[0][1] == f"{API}/healthz"
 
-    with pytest.raises(KubeflowError, match="'nightly' already exists .*id job-1"):
+    with pytest.raises(KubeflowError, match="'nightly' already exists .*id job-1.*--replace"):
         kfp_client.schedule(api.endpoint, package, "0 3 * * *", {}, job_name="nightly")
     assert len(api.bodies("POST", f"{API}/recurringruns")) == 1
 
 
+def test_schedule_replace_moves_the_recurring_run_without_two_ever_enabled(
+    api: FakeKfpApi, package: str, tmp_path
+) -> None:
+    kfp_client.schedule(api.endpoint, package, "0 2 * * *", {}, job_name="nightly")
+    newer = tmp_path / "newer.yaml"  # a new commit's spec: another pipeline version
+    newer.write_text(SPEC.replace("sdkVersion: tfx-1.16.0", "sdkVersion: tfx-1.16.0\n# new"))
+    del api.requests[:]
+
+    job_id = kfp_client.schedule(
+        api.endpoint, str(newer), "0 3 * * *", {}, job_name="nightly", replace=True
+    )
+    assert job_id == "job-2"
+    changes = [p for p in api.paths() if p.startswith(("POST", "DELETE"))]
+    assert changes[-3:] == [
+        f"POST {API}/recurringruns/job-1:disable",  # the old one stops first ...
+        f"POST {API}/recurringruns",  # ... the new one starts ...
+        f"DELETE {API}/recurringruns/job-1",  # ... and the old one goes
+    ]
+    (job,) = api.recurring_runs
+    assert (job["recurring_run_id"], job["mode"], job["display_name"]) == ("job-2", "ENABLE",
+                                                                           "nightly")  # fmt: skip
+    assert job["trigger"] == {"cron_schedule": {"cron": "0 0 3 * * *"}}
+    version = job["pipeline_version_reference"]["pipeline_version_id"]
+    assert version.startswith("taxi-tips-") and version != "v0"  # the new upload, not the first
+
+
+def test_schedule_replace_that_fails_to_create_resumes_the_old_one(
+    api: FakeKfpApi, package: str
+) -> None:
+    kfp_client.schedule(api.endpoint, package, "0 2 * * *", {}, job_name="nightly")
+    api.refuse_recurring_run = True
+    with pytest.raises(KubeflowError, match="scheduling .* HTTP 500"):
+        kfp_client.schedule(api.endpoint, package, "0 3 * * *", {}, job_name="nightly",
+                            replace=True)  # fmt: skip
+    (job,) = api.recurring_runs
+    assert (job["recurring_run_id"], job["mode"]) == ("job-1", "ENABLE")
+    assert api.paths()[-2:] == [
+        f"POST {API}/recurringruns",
+        f"POST {API}/recurringruns/job-1:enable",
+    ]
+
+
+def test_a_token_goes_with_every_request_and_a_refusal_says_what_to_set(
+    api: FakeKfpApi, package: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.healthz_status = 401
+    with pytest.raises(KubeflowError, match="HTTP 401.*set KFP_TOKEN") as raised:
+        kfp_client.submit(api.endpoint, package, {})
+    monkeypatch.setenv("KFP_TOKEN", "s3cr3t-token")
+    with pytest.raises(KubeflowError, match="KFP_TOKEN was sent but not accepted") as refused:
+        kfp_client.submit(api.endpoint, package, {})
+    assert "s3cr3t-token" not in str(raised.value) + str(refused.value)
+
+    api.healthz_status = 200
+    del api.authorization[:]
+    kfp_client.submit(api.endpoint, package, {})
+    assert len(api.authorization) > 4
+    assert set(api.authorization) == {"Bearer s3cr3t-token"}
+
+
 def test_pause_and_resume(api: FakeKfpApi) -> None:
+    api.recurring_runs.append({"recurring_run_id": "job-1", "display_name": "n", "mode": "ENABLE"})
     kfp_client.pause(api.endpoint, "job-1")
+    assert api.recurring_run("job-1")["mode"] == "DISABLE"
     kfp_client.resume(api.endpoint, "job-1")
+    assert api.recurring_run("job-1")["mode"] == "ENABLE"
     # healthz twice per call: our check, then kfp.Client's own (single-user detection)
     assert api.paths() == [
         f"GET {API}/healthz",
