@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 UV_VERSION := 0.13.8
 ARGS ?=
 
-.PHONY: venv run test lint format add-span store lock clean compile submit schedule images \
+.PHONY: ci venv run test lint format add-span store lock clean compile submit schedule images \
 	base-image
 
 venv: $(VENV)/.installed
@@ -62,6 +62,10 @@ format: venv
 
 test: lint
 	$(PY) -m pytest -q $(ARGS)
+
+# What CI runs on a clean machine (.ci/run: the container tests' Debian packages, then make test).
+ci:
+	bash .ci/run
 
 # Re-resolve the lock after changing pyproject.toml (needs uv on PATH).
 lock:

@@ -224,7 +224,8 @@ def _parameters(args: argparse.Namespace) -> dict[str, str]:
 def cmd_submit(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
-    run_id = kfp_client.submit(args.endpoint, args.package, _parameters(args), args.experiment)
+    run_id = kfp_client.submit(args.endpoint, args.package, _parameters(args), args.experiment,
+                               args.namespace)  # fmt: skip
     console.say(f"Started run {run_id} of {args.package} on {args.endpoint}.")
     return 0
 
@@ -234,7 +235,7 @@ def cmd_schedule(args: argparse.Namespace, config: None) -> int:
 
     job_id = kfp_client.schedule(
         args.endpoint, args.package, args.cron, _parameters(args), args.experiment, args.name,
-        replace=args.replace,
+        args.namespace, replace=args.replace,
     )  # fmt: skip
     console.say(
         f"Created recurring run {job_id} ({args.name}, cron {args.cron!r}) on {args.endpoint}"
@@ -246,7 +247,7 @@ def cmd_schedule(args: argparse.Namespace, config: None) -> int:
 def cmd_pause(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
-    kfp_client.pause(args.endpoint, args.recurring_run_id)
+    kfp_client.pause(args.endpoint, args.recurring_run_id, args.namespace)
     console.say(f"Paused recurring run {args.recurring_run_id}.")
     return 0
 
@@ -254,7 +255,7 @@ def cmd_pause(args: argparse.Namespace, config: None) -> int:
 def cmd_resume(args: argparse.Namespace, config: None) -> int:
     from pipelines import kfp_client
 
-    kfp_client.resume(args.endpoint, args.recurring_run_id)
+    kfp_client.resume(args.endpoint, args.recurring_run_id, args.namespace)
     console.say(f"Resumed recurring run {args.recurring_run_id}.")
     return 0
 
@@ -369,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
             default=os.environ.get("KFP_ENDPOINT", "http://localhost:8080"),
             help="KFP API endpoint (default: $KFP_ENDPOINT or http://localhost:8080)",
         )
+        sub.add_argument("--namespace", help="multi-user Kubeflow: the profile namespace of the "
+                         "runs (default: $KFP_NAMESPACE)")  # fmt: skip
         if package:
             sub.has_param = True
             sub.add_argument("--package", default=str(SPEC_PATH), help="compiled spec to upload")

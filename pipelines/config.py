@@ -373,12 +373,23 @@ def _beam_args(name: str, value: tuple) -> str | None:
     return f"{name} must be Beam options starting with '--', got {bad}" if bad else None
 
 
+# An image reference as the distribution project's grammar has it (reference/regexp.go):
+# [host[:port]/]path[:tag][@digest], the path in lower case.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+_REFERENCE = re.compile(
+    rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::(?P<tag>\w[\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?"
+)
+
+
 def _pinned(name: str, image: str) -> str | None:
     """An image reference with an explicit tag other than `latest`, or a digest."""
-    if "@sha256:" in image:
-        return None
-    repository, _, tag = image.rpartition(":")
-    if repository and "/" not in tag and tag not in ("", "latest"):
+    reference = _REFERENCE.fullmatch(image)
+    if not reference:
+        return (f"{name} is not an image reference (HOST/PATH:TAG, the path in lower case), "
+                f"got {image!r}")  # fmt: skip
+    if reference.group("digest") or reference.group("tag") not in (None, "latest"):
         return None
     return f"{name} must name an exact tag or digest (not 'latest'), got {image!r}"
 

@@ -6,7 +6,8 @@ so a typo never leaves a half-created pipeline version or schedule behind.
 
 Authentication: where the API sits behind an authenticating proxy (multi-user Kubeflow), a
 bearer token in KFP_TOKEN (a ServiceAccount token, a CI secret) goes with every request; it is
-never printed.
+never printed, and never follows a redirect. Multi-user Kubeflow also needs the profile
+namespace the runs belong to (`namespace`, KFP_NAMESPACE).
 """
 
 from __future__ import annotations
@@ -45,25 +46,34 @@ class KubeflowError(ActionableError):
     """The KFP API server is unreachable or refused a request, or a local input is invalid."""
 
 
-def check_endpoint(endpoint: str, timeout_s: float = 5) -> None:
+def check_endpoint(endpoint: str, timeout_s: float = 5) -> bool:
     """Fail fast and clearly when nothing answers at `endpoint` (kfp.Client itself would retry
-    its health check for about 25 s and then raise a bare TimeoutError)."""
+    its health check for about 25 s and then raise a bare TimeoutError). Returns whether the
+    deployment is multi-user (the health check says so)."""
     if not endpoint.startswith(("http://", "https://")):
         raise KubeflowError(f"KFP endpoint {endpoint!r} needs a scheme, e.g. http://localhost:8080")
     url = endpoint.rstrip("/") + "/apis/v2beta1/healthz"
-    # No proxies from the environment: kfp.Client's HTTP pool does not use them either.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    # No proxies from the environment: kfp.Client's HTTP pool does not use them either. No
+    # redirects: urllib would send the token on to wherever one points (a login page).
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
     token = _token()
     request = urllib.request.Request(
         url, headers={"Authorization": f"Bearer {token}"} if token else {}
     )
     try:
         with opener.open(request, timeout=timeout_s) as response:
-            status = response.status
+            status, body = response.status, response.read()
     except urllib.error.HTTPError as error:
         status = error.code
     except (OSError, ValueError) as error:  # refused, DNS, timeout, malformed URL
         status = f"no answer ({error})"
+    if isinstance(status, int) and 300 <= status < 400:
+        raise KubeflowError(
+            f"Kubeflow Pipelines API at {endpoint} redirected (HTTP {status}), most likely to a "
+            "login page: "
+            + ("KFP_TOKEN was not accepted" if token else "set KFP_TOKEN")
+            + "; behind Kubeflow's gateway the API is https://HOST/pipeline, not the UI's URL"
+        )
     if status in (401, 403):
         raise KubeflowError(
             f"Kubeflow Pipelines API at {endpoint} refused the request (HTTP {status}): "
@@ -77,6 +87,15 @@ def check_endpoint(endpoint: str, timeout_s: float = 5) -> None:
             f"Port-forward the UI service (`{_PORT_FORWARD}`, then use http://localhost:8080) "
             "or pass the right endpoint with --endpoint or KFP_ENDPOINT."
         )
+    try:
+        return json.loads(body).get("multi_user") is True
+    except (ValueError, AttributeError):
+        return False
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any) -> None:
+        return None  # the 3xx is raised as an HTTPError instead
 
 
 def normalize_cron(expression: str) -> str:
@@ -182,9 +201,21 @@ def _token() -> str | None:
     return os.environ.get("KFP_TOKEN", "").strip() or None
 
 
-def _client(endpoint: str, namespace: str | None) -> Any:
+_POD_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _client(endpoint: str, namespace: str | None, multi_user: bool) -> Any:
+    namespace = namespace or os.environ.get("KFP_NAMESPACE", "").strip() or None
+    if multi_user and not namespace and _POD_NAMESPACE.exists():  # in a pod, as kfp.Client does
+        namespace = _POD_NAMESPACE.read_text().strip()
+    if multi_user and not namespace:  # the API server would refuse the experiment
+        raise KubeflowError(
+            f"Kubeflow Pipelines at {endpoint} is multi-user: name the profile namespace the runs "
+            "belong to with --namespace or KFP_NAMESPACE (e.g. kubeflow-user-example-com)"
+        )
     import kfp  # imported late: it costs about a second, and the checks above don't need it
 
+    # "kubeflow" is the SDK's own placeholder for "no namespace given".
     return kfp.Client(host=endpoint, namespace=namespace or "kubeflow", existing_token=_token())
 
 
@@ -218,13 +249,13 @@ def submit(
 ) -> str:
     """Upload the package (if new) as a version of the pipeline it was compiled as, and start one
     run; returns the run id."""
-    check_endpoint(endpoint)
+    multi_user = check_endpoint(endpoint)
     typed = _typed_parameters(package_path, parameters)
     pipeline_name = _pipeline_name(package_path)
-    client = _client(endpoint, namespace)
-    with _api(f"submitting {package_path} to {endpoint}"):
-        pipeline_id, version_id = _pipeline_version(client, package_path, pipeline_name)
+    client = _client(endpoint, namespace, multi_user)
+    with _api(f"submitting {package_path} to {endpoint}"):  # the experiment first: it can fail
         experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id
+        pipeline_id, version_id = _pipeline_version(client, package_path, pipeline_name)
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
         run = client.run_pipeline(
             experiment_id, f"{pipeline_name} {now}", params=typed,
@@ -246,52 +277,67 @@ def schedule(
     """Create an enabled recurring run; returns its id. One run at a time (a run still going
     when the next is due delays it); no catch-up (after a pause only the latest missed run).
 
-    With `replace`, a recurring run of the same name moves to this package (CI after a merge):
-    KFP's API cannot change a recurring run's pipeline version, so the old one is paused, the new
-    one created, then the old one deleted. Two never fire side by side, and if the creation
-    fails the old one is resumed: the schedule is never lost."""
+    With `replace`, a recurring run of the same name moves to this package (CI after a merge),
+    keeping its parameters (those given here win) and its state (a paused one stays paused).
+    KFP's API cannot change a recurring run's pipeline version, so the old one is paused, the
+    new one created, then the old one deleted: two schedules never trigger side by side, and if
+    anything fails before the creation, the old one is resumed as it was."""
     cron6 = normalize_cron(cron)
-    check_endpoint(endpoint)
+    multi_user = check_endpoint(endpoint)
     typed = _typed_parameters(package_path, parameters)
     pipeline_name = _pipeline_name(package_path)
-    client = _client(endpoint, namespace)
+    client = _client(endpoint, namespace, multi_user)
     with _api(f"scheduling {package_path} on {endpoint}"):
         experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id
         same_name = _name_filter(job_name)
         found = client.list_recurring_runs(experiment_id=experiment_id, filter=same_name)
-        old_ids = [job.recurring_run_id for job in found.recurring_runs or []]
-        if old_ids and not replace:  # two schedules of one name would run the pipeline twice
+        old_jobs = found.recurring_runs or []
+        if old_jobs and not replace:  # two schedules of one name would run the pipeline twice
             raise KubeflowError(
                 f"a recurring run named {job_name!r} already exists in experiment {experiment!r} "
-                f"(id {old_ids[0]}); pass --replace (make schedule REPLACE=1) to move it to "
-                "this package, delete it in the UI, or choose another --name."
+                f"(id {old_jobs[0].recurring_run_id}); pass --replace (make schedule REPLACE=1) "
+                "to move it to this package, delete it in the UI, or choose another --name."
             )
+        kept: dict[str, Any] = {}
+        for old in old_jobs:
+            kept.update((old.runtime_config and old.runtime_config.parameters) or {})
+        if kept:
+            try:
+                typed = _typed_parameters(package_path, {**kept, **typed})
+            except KubeflowError as error:
+                raise KubeflowError(f"the parameters of recurring run {job_name!r}: {error}; "
+                                    "pass new values with --param") from None  # fmt: skip
+        enabled = not old_jobs or any(old.mode != "DISABLE" for old in old_jobs)
         pipeline_id, version_id = _pipeline_version(client, package_path, pipeline_name)
-        for old_id in old_ids:
-            client.disable_recurring_run(old_id)
+        paused = []
         try:
+            for old in old_jobs:
+                if old.mode != "DISABLE":
+                    client.disable_recurring_run(old.recurring_run_id)
+                    paused.append(old.recurring_run_id)
             job = client.create_recurring_run(
                 experiment_id, job_name, cron_expression=cron6, max_concurrency=1,
                 no_catchup=True, params=typed, pipeline_id=pipeline_id, version_id=version_id,
+                enabled=enabled,
             )  # fmt: skip
-        except Exception:
-            for old_id in old_ids:
+        except BaseException:  # an API error, or a cancelled CI job (SIGINT)
+            for old_id in paused:
                 client.enable_recurring_run(old_id)
             raise
-        for old_id in old_ids:
-            client.delete_recurring_run(old_id)
+        for old in old_jobs:
+            client.delete_recurring_run(old.recurring_run_id)
     return job.recurring_run_id
 
 
-def pause(endpoint: str, recurring_run_id: str) -> None:
+def pause(endpoint: str, recurring_run_id: str, namespace: str | None = None) -> None:
     """Stop a recurring run from starting new runs (runs already going carry on)."""
-    check_endpoint(endpoint)
+    client = _client(endpoint, namespace, check_endpoint(endpoint))
     with _api(f"pausing recurring run {recurring_run_id}"):
-        _client(endpoint, None).disable_recurring_run(recurring_run_id)
+        client.disable_recurring_run(recurring_run_id)
 
 
-def resume(endpoint: str, recurring_run_id: str) -> None:
+def resume(endpoint: str, recurring_run_id: str, namespace: str | None = None) -> None:
     """Re-enable a paused recurring run; with no catch-up, missed slots are not back-filled."""
-    check_endpoint(endpoint)
+    client = _client(endpoint, namespace, check_endpoint(endpoint))
     with _api(f"resuming recurring run {recurring_run_id}"):
-        _client(endpoint, None).enable_recurring_run(recurring_run_id)
+        client.enable_recurring_run(recurring_run_id)

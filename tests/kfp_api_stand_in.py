@@ -44,10 +44,12 @@ platforms:
 class FakeKfpApi:
     """Records (method, path, query, body) and keeps just enough state for the client's calls."""
 
-    def __init__(self, healthz_status: int = 200) -> None:
+    def __init__(self, healthz_status: int = 200, multi_user: bool = False) -> None:
         self.requests: list[tuple[str, str, dict, object]] = []
         self.authorization: list[str | None] = []  # each request's Authorization header
         self.healthz_status = healthz_status
+        self.multi_user = multi_user  # then, as KFP 2.5: an experiment needs a namespace
+        self.redirect_to: str | None = None  # healthz answers 302 to this URL (a login page)
         self.pipelines: dict[str, list[dict]] = {}  # display name -> versions
         self.uploads: list[bytes] = []  # the packages uploaded, in order
         self.recurring_runs: list[dict] = []
@@ -83,6 +85,8 @@ class FakeKfpApi:
                 status, answer = fake.respond(method, url.path, query, body)
                 data = json.dumps(answer).encode()
                 self.send_response(status)
+                if fake.redirect_to and url.path.endswith("/healthz"):
+                    self.send_header("Location", fake.redirect_to)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -97,7 +101,9 @@ class FakeKfpApi:
     def respond(self, method: str, path: str, query: dict, body: object) -> tuple[int, dict]:
         name = _filtered_name(query)
         if path == f"{API}/healthz":
-            return self.healthz_status, {"multi_user": False}
+            return (302 if self.redirect_to else self.healthz_status), {
+                "multi_user": self.multi_user
+            }
         if path == f"{API}/pipelines" and method == "GET":
             found = [{"pipeline_id": name, "display_name": name}] if name in self.pipelines else []
             return 200, {"pipelines": found}
@@ -114,6 +120,10 @@ class FakeKfpApi:
             if name:
                 versions = [v for v in versions if v["pipeline_version_id"] == name]
             return 200, {"pipeline_versions": versions}
+        if path == f"{API}/experiments" and method == "POST" and self.multi_user:
+            if not body.get("namespace"):  # apiserver/server/experiment_server.go, 2.5.0
+                message = "An experiment cannot have an empty namespace in multi-user mode"
+                return 400, {"error": message, "code": 3}
         if path == f"{API}/experiments":
             experiment = {"experiment_id": "exp-1", "display_name": "taxi-tips"}
             return 200, ({"experiments": []} if method == "GET" else experiment)

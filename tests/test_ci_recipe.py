@@ -81,10 +81,12 @@ def _play(job_name: str, context: dict, changes: dict, environment: dict) -> lis
         if "uses" in step:
             used.append({k: _evaluate(str(v), context) for k, v in step.get("with", {}).items()})
             continue
+        step_env = {name: _evaluate(str(value), context)
+                    for name, value in step.get("env", {}).items()}  # fmt: skip
         result = subprocess.run(
             ["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", step["run"]],
-            cwd=REPO_ROOT, env={**environment, **env}, capture_output=True, text=True,
-            timeout=2400,
+            cwd=REPO_ROOT, env={**environment, **env, **step_env}, capture_output=True,
+            text=True, timeout=2400,
         )  # fmt: skip
         assert result.returncode == 0, f"{step['run']}:\n{result.stdout[-3000:]}{result.stderr}"
         used.append({"run": step["run"], "output": result.stdout + result.stderr})
@@ -128,11 +130,20 @@ def test_every_command_is_a_make_target_played_here_and_every_action_is_pinned()
                 assert re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
                 continue
             assert "${{" not in step["run"], f"{job_name}: an expression inside a script"
-            command = re.fullmatch(r"make ([a-z-]+)(?: [A-Z_]+=\S+)*|(\.ci/run)", step["run"])
+            command = re.fullmatch(r"make ([a-z-]+)(?: [A-Z_]+=\S+)*", step["run"])
             assert command, f"{job_name}: {step['run']!r} is not a make target"
-            targets.add(command.group(1) or command.group(2))
-    assert targets == PLAYED_TARGETS | {".ci/run"}  # .ci/run: the CI of every submission
-    assert workflow["jobs"]["test"]["steps"][-1]["run"] == ".ci/run"
+            targets.add(command.group(1))
+    assert targets == PLAYED_TARGETS | {"ci"}  # ci: .ci/run, the CI of every submission
+    assert workflow["jobs"]["test"]["steps"][-1]["run"] == "make ci"
+    # The API's address and credentials go to the two steps that talk to it, and only there.
+    deploy_steps = workflow["jobs"]["deploy"]["steps"]
+    talking = [step for step in deploy_steps if "KFP_ENDPOINT" in step.get("env", {})]
+    assert [step["run"].split()[1] for step in talking] == ["submit", "schedule"]
+    kfp_env = {name for name in talking[0]["env"] if name.startswith("KFP_")}
+    assert kfp_env == {"KFP_ENDPOINT", "KFP_TOKEN", "KFP_NAMESPACE"}
+    assert all(talking[1]["env"][name] == talking[0]["env"][name] for name in kfp_env)
+    assert "KFP_TOKEN" not in json.dumps({k: v for k, v in workflow["jobs"].items()
+                                          if k != "deploy"})  # fmt: skip
     # One commit, one pair of tags: what is pushed is what the spec names.
     images_env, deploy_env = (workflow["jobs"][job]["env"] for job in ("images", "deploy"))
     for name in ("PIPELINE_CPU_IMAGE", "PIPELINE_GPU_IMAGE"):
@@ -238,15 +249,15 @@ def test_the_images_job_pushes_the_commit_tagged_image_the_registry_then_serves(
 def test_the_deploy_job_compiles_with_the_commit_tags_submits_and_moves_the_schedule(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ):
-    api = FakeKfpApi()
+    api = FakeKfpApi(multi_user=True)  # a profile namespace is needed
     monkeypatch.setattr("kfp.Client._LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
     try:  # the recurring run an earlier merge left, on the committed spec
         kfp_client.schedule(api.endpoint, str(REPO_ROOT / "kubeflow" / "pipeline.yaml"),
-                            "0 2 * * *", {})  # fmt: skip
+                            "0 2 * * *", {}, namespace="team-a")  # fmt: skip
         del api.requests[:], api.authorization[:]
         context = {"github.sha": SHA, "vars.IMAGE_REPOSITORY": "registry.example.com/ci",
                    "secrets.KFP_ENDPOINT": api.endpoint, "secrets.KFP_TOKEN": "ci-token",
-                   "vars.KFP_SCHEDULE": "0 2 * * *"}  # fmt: skip
+                   "secrets.KFP_NAMESPACE": "team-a", "vars.KFP_SCHEDULE": "0 2 * * *"}  # fmt: skip
         environment = _clean_environment(HOME=str(tmp_path))  # kfp's context file goes there
         steps = _play("deploy", context, {}, environment)
     finally:
@@ -269,4 +280,32 @@ def test_the_deploy_job_compiles_with_the_commit_tags_submits_and_moves_the_sche
     assert (job["display_name"], job["mode"]) == ("taxi-tips-nightly", "ENABLE")
     assert job["trigger"] == {"cron_schedule": {"cron": "0 0 2 * * *"}}
     assert set(api.authorization) == {"Bearer ci-token"}
+    assert {body["namespace"] for body in api.bodies("POST", f"{API}/experiments")} == {"team-a"}
     assert not any("ci-token" in step.get("output", "") for step in steps)
+
+
+def test_the_push_sends_the_gpu_image_too_and_refuses_one_not_built(tmp_path):
+    """The images job's GPU half. Boundary: docker with NVIDIA's base cannot exist here, so the
+    engine is a script that records its arguments (and has no image named `missing`)."""
+    calls = tmp_path / "calls"
+    engine = tmp_path / "docker"
+    engine.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncase "$*" in *missing*) exit 1;; esac\n')
+    engine.chmod(0o755)
+    cpu, gpu = "registry.example.com/ci/tfx:abc", "registry.example.com/ci/tfx-gpu:abc"
+    config = PipelineConfig.load({"cpu_image": cpu, "gpu_image": gpu}, environ={})
+    said: list[str] = []
+    pushed = images.push_images(config, gpu=True, say=said.append,
+                                container_engine=images.Engine([str(engine)]))  # fmt: skip
+    assert pushed == [cpu, gpu]
+    assert calls.read_text().splitlines() == [
+        f"image inspect {cpu}",
+        f"push {cpu}",
+        f"image inspect {gpu}",
+        f"push {gpu}",
+    ]
+    assert any(line.startswith(f"Pushed {gpu} in ") for line in said)
+
+    config = PipelineConfig.load({"gpu_image": "registry.example.com/missing:1"}, environ={})
+    with pytest.raises(images.ImageBuildFailed, match="missing:1 is not built here: run `make"):
+        images.push_images(config, gpu=True, say=said.append,
+                           container_engine=images.Engine([str(engine)]))  # fmt: skip

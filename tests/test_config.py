@@ -60,6 +60,9 @@ def test_beam_args_parse_from_json_list():
         ({"epochs": "10", "train_steps": "5"}, "epochs"),
         ({"cpu_image": "registry.example.com/tfx:latest"}, "cpu_image"),
         ({"gpu_image": "registry.example.com:5000/tfx-gpu"}, "gpu_image"),
+        # CI with its IMAGE_REPOSITORY variable unset, or in capitals: refused before building
+        ({"cpu_image": "/tfx-taxi-tips:0123abc"}, "cpu_image is not an image reference"),
+        ({"cpu_image": "ghcr.io/Acme/tfx-taxi-tips:0123abc"}, "cpu_image is not an image ref"),
         ({"gpu_count": "-1"}, "gpu_count"),
         ({"gpu_node_selector": "gpu"}, "gpu_node_selector"),
     ],

@@ -3,7 +3,7 @@
 Against the real SeaweedFS server. The boundary is the trigger: the tests inject a callable that
 records which spans it was asked to run, because the full pipeline run (local runner, KFP spec)
 is exercised by test_pipeline_e2e.py and test_kubeflow_spec.py. The CLI test submits to
-`FakeKfpApi` (tests/test_kfp_client.py), a stand-in for the KFP API server, which cannot run here.
+`FakeKfpApi` (tests/kfp_api_stand_in.py), a stand-in for the KFP API server, which cannot run here.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pipelines.config import REPO_ROOT, PipelineConfig, check_values
 from pipelines.kfp_client import KubeflowError
 from pipelines.object_store import s3_client
 from tests import cli_process
-from tests.test_kfp_client import API, SPEC, FakeKfpApi
+from tests.kfp_api_stand_in import API, SPEC, FakeKfpApi
 
 CRONJOB = REPO_ROOT / "kubeflow" / "watch-cronjob.yaml"
 
