@@ -235,7 +235,7 @@ def cmd_schedule(args: argparse.Namespace, config: None) -> int:
 
     job_id = kfp_client.schedule(
         args.endpoint, args.package, args.cron, _parameters(args), args.experiment, args.name,
-        args.namespace, replace=args.replace,
+        args.namespace, replace=args.replace, say=console.say,
     )  # fmt: skip
     console.say(
         f"Created recurring run {job_id} ({args.name}, cron {args.cron!r}) on {args.endpoint}"

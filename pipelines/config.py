@@ -373,13 +373,15 @@ def _beam_args(name: str, value: tuple) -> str | None:
     return f"{name} must be Beam options starting with '--', got {bad}" if bad else None
 
 
-# An image reference as the distribution project's grammar has it (reference/regexp.go):
-# [host[:port]/]path[:tag][@digest], the path in lower case.
+# An image reference after the distribution project's grammar (reference/regexp.go):
+# [host[:port]/]path[:tag][@digest], the path in lower case, ASCII only; narrower than it in
+# taking sha256 digests only and no IPv6 host.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
 _REFERENCE = re.compile(
     rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
-    r"(?::(?P<tag>\w[\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?"
+    r"(?::(?P<tag>\w[\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?",
+    re.ASCII,
 )
 
 

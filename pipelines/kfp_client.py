@@ -19,7 +19,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +173,8 @@ def _typed_parameters(package_path: str, parameters: dict[str, Any]) -> dict[str
     typed = {}
     for name, value in parameters.items():
         kind = declared[name].get("parameterType") or declared[name].get("type", "STRING")
+        if kind in ("NUMBER_INTEGER", "INT") and isinstance(value, float) and value.is_integer():
+            value = int(value)  # a JSON number read back from the API
         try:
             typed[name] = _TYPES[kind](value) if isinstance(value, str) else value
         except (KeyError, ValueError) as error:
@@ -273,6 +275,7 @@ def schedule(
     job_name: str = "taxi-tips-nightly",
     namespace: str | None = None,
     replace: bool = False,
+    say: Callable[[str], None] = print,
 ) -> str:
     """Create an enabled recurring run; returns its id. One run at a time (a run still going
     when the next is due delays it); no catch-up (after a pause only the latest missed run).
@@ -301,18 +304,23 @@ def schedule(
         kept: dict[str, Any] = {}
         for old in old_jobs:
             kept.update((old.runtime_config and old.runtime_config.parameters) or {})
+        dropped = sorted(set(kept) - set(_root_parameters(package_path)))
+        if dropped:  # the new spec has no such parameter: keeping it would fail every deploy
+            say(f"Not kept from recurring run {job_name!r}: {dropped} (not parameters of "
+                f"{package_path})")  # fmt: skip
+            kept = {k: v for k, v in kept.items() if k not in dropped}
         if kept:
             try:
                 typed = _typed_parameters(package_path, {**kept, **typed})
             except KubeflowError as error:
                 raise KubeflowError(f"the parameters of recurring run {job_name!r}: {error}; "
                                     "pass new values with --param") from None  # fmt: skip
-        enabled = not old_jobs or any(old.mode != "DISABLE" for old in old_jobs)
+        enabled = not old_jobs or any(_enabled(old) for old in old_jobs)
         pipeline_id, version_id = _pipeline_version(client, package_path, pipeline_name)
         paused = []
         try:
             for old in old_jobs:
-                if old.mode != "DISABLE":
+                if _enabled(old):
                     client.disable_recurring_run(old.recurring_run_id)
                     paused.append(old.recurring_run_id)
             job = client.create_recurring_run(
@@ -320,7 +328,7 @@ def schedule(
                 no_catchup=True, params=typed, pipeline_id=pipeline_id, version_id=version_id,
                 enabled=enabled,
             )  # fmt: skip
-        except BaseException:  # an API error, or a cancelled CI job (SIGINT)
+        except BaseException:  # an API error, or Ctrl-C
             for old_id in paused:
                 client.enable_recurring_run(old_id)
             raise
@@ -329,15 +337,24 @@ def schedule(
     return job.recurring_run_id
 
 
+def _enabled(job: Any) -> bool:
+    """KFP 2.5 answers mode ENABLE or DISABLE; anything else, trust the status."""
+    if job.mode in ("ENABLE", "DISABLE"):
+        return job.mode == "ENABLE"
+    return job.status != "DISABLED"
+
+
 def pause(endpoint: str, recurring_run_id: str, namespace: str | None = None) -> None:
     """Stop a recurring run from starting new runs (runs already going carry on)."""
-    client = _client(endpoint, namespace, check_endpoint(endpoint))
+    check_endpoint(endpoint)  # by id: no namespace needed, even on multi-user Kubeflow
+    client = _client(endpoint, namespace, multi_user=False)
     with _api(f"pausing recurring run {recurring_run_id}"):
         client.disable_recurring_run(recurring_run_id)
 
 
 def resume(endpoint: str, recurring_run_id: str, namespace: str | None = None) -> None:
     """Re-enable a paused recurring run; with no catch-up, missed slots are not back-filled."""
-    client = _client(endpoint, namespace, check_endpoint(endpoint))
+    check_endpoint(endpoint)
+    client = _client(endpoint, namespace, multi_user=False)
     with _api(f"resuming recurring run {recurring_run_id}"):
         client.enable_recurring_run(recurring_run_id)

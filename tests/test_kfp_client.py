@@ -297,6 +297,7 @@ def test_multi_user_kubeflow_needs_the_profile_namespace(
     package: str, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
+    monkeypatch.setattr(kfp_client, "_POD_NAMESPACE", tmp_path / "not-in-a-pod")
     api = FakeKfpApi(multi_user=True)
     try:
         with pytest.raises(KubeflowError, match="multi-user.*--namespace or KFP_NAMESPACE"):
@@ -324,3 +325,19 @@ def test_schedule_replace_keeps_a_paused_schedule_paused_and_its_parameters(
     assert (job["recurring_run_id"], job["mode"]) == ("job-2", "DISABLE")
     assert job["runtime_config"]["parameters"] == {"min_auc": 0.8, "span": -1}
     assert f"POST {API}/recurringruns/job-1:disable" not in api.paths()  # it was paused already
+
+
+def test_schedule_replace_drops_parameters_the_new_spec_no_longer_has(
+    api: FakeKfpApi, package: str, tmp_path
+) -> None:
+    api.recurring_runs.append({
+        "recurring_run_id": "job-0", "display_name": "nightly", "mode": "ENABLE",
+        "runtime_config": {"parameters": {"span": 3.0, "renamed_away": "x"}},
+    })  # fmt: skip
+    said: list[str] = []
+    kfp_client.schedule(api.endpoint, package, "0 2 * * *", {}, job_name="nightly",
+                        replace=True, say=said.append)  # fmt: skip
+    (job,) = api.recurring_runs
+    assert job["runtime_config"]["parameters"] == {"span": 3}  # 3.0 read back, an integer again
+    assert said == [f"Not kept from recurring run 'nightly': ['renamed_away'] (not parameters of "
+                    f"{package})"]  # fmt: skip
