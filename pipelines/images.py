@@ -148,9 +148,8 @@ def build_images(
         base = ensure_local_base(container_engine, say=say)
         build_args = ["--build-arg", f"BASE_IMAGE={base}"]
         build_args += ["--pull=never"] if container_engine.name == "podman" else []
-    wanted = [("cpu", config.cpu_image)] + ([("gpu", config.gpu_image)] if gpu else [])
     sizes = {}
-    for kind, reference in wanted:
+    for kind, reference in _wanted(config, gpu).items():
         say(f"Building {reference} from {DOCKERFILES[kind].relative_to(REPO_ROOT)} with "
             f"{container_engine.name} (base: {base or 'the Dockerfile default'}) ...")  # fmt: skip
         started = time.monotonic()
@@ -170,7 +169,7 @@ def push_images(
     """Pushes the CPU image (and the GPU image) under the config's tags; returns the references.
     The registry's credentials are the engine's own (`docker login`, `podman login`)."""
     container_engine = container_engine or engine()
-    wanted = [config.cpu_image] + ([config.gpu_image] if gpu else [])
+    wanted = list(_wanted(config, gpu).values())
     for reference in wanted:
         if not container_engine.image_exists(reference):
             raise ImageBuildFailed(f"{reference} is not built here: run `make images` first")
@@ -181,6 +180,11 @@ def push_images(
                 f"{reference} and may push there")  # fmt: skip
         say(f"Pushed {reference} in {time.monotonic() - started:.0f} s")
     return wanted
+
+
+def _wanted(config: PipelineConfig, gpu: bool) -> dict[str, str]:
+    """Image kind (a DOCKERFILES key) -> the config's reference for it."""
+    return {"cpu": config.cpu_image, **({"gpu": config.gpu_image} if gpu else {})}
 
 
 _BUILD_PROGRESS = r"(STEP \d+/\d+|Step \d+/\d+ ?):?\s*(.{0,90})"
