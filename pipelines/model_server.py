@@ -70,7 +70,7 @@ class ModelManager:
         if state is not None and state == self._last_state:
             return
         result = serving_sync.sync_once(self.source, self.model_name, self.cache_dir)
-        self._last_state = state
+        self._last_state = serving_sync.state_after_sync(self.source, self._client, state)
         wanted = result.served
         if wanted != self._failed:
             self._failed = None  # pinned again later, a failed version is tried again

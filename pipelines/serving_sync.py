@@ -87,6 +87,16 @@ def store_state(serving_model_dir: str, client) -> tuple | None:
         ) from e
 
 
+def state_after_sync(serving_model_dir: str, client, before: tuple | None) -> tuple | None:
+    """What a poller may remember after a sync that started from the probe `before`: `before`
+    only if the store still shows it. A change between the probe and the sync (a push's model
+    config landing) would otherwise be remembered as the older state; a rollback that writes
+    back a byte-identical older config (same ETag) then matches it, and is never synced."""
+    if before is None or store_state(serving_model_dir, client) != before:
+        return None
+    return before
+
+
 def _store_state(client, bucket: str, prefix: str) -> tuple:
     from botocore.exceptions import ClientError
 
@@ -155,7 +165,7 @@ def run(serving_model_dir: str, model_name: str, target: Path, interval: float |
                 time.sleep(interval)
                 continue
             result = sync_once(serving_model_dir, model_name, target)
-            last_state = state
+            last_state = state_after_sync(serving_model_dir, client, state)
         except Exception as e:  # StorageError, RegistryError, OSError: all retried
             if interval is None:
                 raise

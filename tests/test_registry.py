@@ -199,3 +199,21 @@ def test_quality_cannot_slide_over_a_chain_of_pushes_each_within_max_auc_drop():
     assert quality_gate(-0.006, 0.0, auc_change=+0.004, max_auc_drop=0.01)[1] is None
     refusal = quality_gate(-0.02, 0.0, auc_change=+0.005, max_auc_drop=0.01, best_version=3)[1]
     assert "below version 3's +0.0000" in refusal and "larger max_auc_drop" in refusal
+
+
+def test_a_poller_does_not_remember_a_state_the_store_left_during_its_sync(object_store):
+    """A push's model config landing between a poller's probe and its sync must not be
+    remembered as the probe's state: a rollback writing back the older, byte-identical config
+    would match it and never be synced (seen as a flaky rollback in test_serve_reload)."""
+    from pipelines import serving_sync
+    from pipelines.object_store import s3_client
+
+    folder = f"s3://{object_store.new_bucket('reg-probe')}/serving/taxi-tips"
+    storage.write_bytes(storage.join(folder, registry.MODEL_CONFIG_FILE), b"serves 1")
+    client = s3_client()
+    before = serving_sync.store_state(folder, client)
+    assert serving_sync.state_after_sync(folder, client, before) == before  # nothing moved
+    storage.write_bytes(storage.join(folder, registry.MODEL_CONFIG_FILE), b"serves 2")
+    assert serving_sync.state_after_sync(folder, client, before) is None  # sync again next time
+    storage.write_bytes(storage.join(folder, registry.MODEL_CONFIG_FILE), b"serves 1")
+    assert serving_sync.store_state(folder, client) == before  # why None is needed: same ETag
