@@ -85,7 +85,7 @@ def ensure_data(config: PipelineConfig) -> None:
 
 
 @contextlib.contextmanager
-def _progress(total: int) -> Iterator[dict[str, float]]:
+def step_progress(total: int) -> Iterator[dict[str, float]]:
     """Prints a line as each step starts and ends; yields the measured wall time per step.
 
     Wraps TFX's node launcher rather than parsing its log lines: components change absl's log
@@ -167,7 +167,7 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
     root.setLevel(logging.INFO)
     last_execution = last_execution_id(config)
     try:
-        with _progress(total=len(pipeline.components)) as seconds:
+        with step_progress(total=len(pipeline.components)) as seconds:
             tfx.orchestration.LocalDagRunner().run_with_ir(pipeline_ir)
     finally:
         if file_handler:
