@@ -13,7 +13,6 @@ inside a Cond that also consumes the predicate's channel into a reference Kubefl
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import uuid
@@ -28,14 +27,12 @@ from tfx.proto.orchestration import driver_output_pb2
 from tfx.types import artifact_utils, component_spec
 
 from components import registry, spans
-from components.features import SPAN_PREFIX
-from components.spans import ExampleGenInputError
+from components.spans import LATEST_SPAN, ExampleGenInputError  # noqa: F401 (their home)
 from pipelines import storage
 from pipelines.config import check_run_parameters
 
 _log = logging.getLogger(__name__)
 
-LATEST_SPAN = -1
 SELECTION_FILE = "selection.json"
 DECISION_FILE = "decision.json"
 TRAIN_KEY = "train"  # decision's custom property, 1 or 0: the Cond reads it
@@ -53,56 +50,6 @@ class TrainingDecision(types.Artifact):
     TYPE_NAME = "components.TrainingDecision"
 
 
-def select(data_root: str, span: int, window_spans: int, marker: str) -> dict[str, Any]:
-    """{"span": newest, "spans": {N: {"files": [...], "fingerprint": ...}}, "fingerprint": ...};
-    ExampleGenInputError naming the data root, the spans and the fix when there is nothing to
-    read."""
-    folders = spans.span_dirs(data_root)
-    if not folders:
-        raise ExampleGenInputError(
-            f"no {SPAN_PREFIX}N/ folders under {data_root}: write data there first "
-            "(`make add-span` generates the next span)."
-        )
-    complete = spans.complete_spans(data_root, marker)
-    chosen = max(complete, default=None) if span == LATEST_SPAN else span
-    if chosen is None or chosen not in complete:
-        what = "no span" if span == LATEST_SPAN else f"span {span}"
-        if span != LATEST_SPAN and span not in folders:
-            raise ExampleGenInputError(
-                f"span {span} requested but {data_root} has spans {sorted(folders)}: "
-                "set the span parameter to one of them or -1 for the newest."
-            )
-        raise ExampleGenInputError(
-            f"{what} under {data_root} is complete: complete spans hold the marker file "
-            f"{marker!r}, written last by the upload (spans without it: "
-            f"{sorted(set(folders) - set(complete))}). Finish the upload with that file, or set "
-            "success_marker to '' to read spans without markers."
-        )
-    window = [n for n in sorted(complete) if n <= chosen][-window_spans:]
-    selected = {}
-    for number in window:
-        files = spans.span_files(complete[number])
-        if not files:
-            raise ExampleGenInputError(
-                f"{complete[number]} holds no .csv or .csv.gz files: write the span's CSV files "
-                "there, or remove the folder, or set the span parameter to another span."
-            )
-        tags = storage.content_tags(complete[number])
-        content = "\n".join(f"{f.path[len(complete[number]):]}:{tags.get(f.path)}" for f in files)
-        selected[number] = {
-            "folder": complete[number],
-            "files": [f.path for f in files],
-            "fingerprint": hashlib.sha256(content.encode()).hexdigest()[:16],
-        }
-    whole = json.dumps({n: s["fingerprint"] for n, s in selected.items()}, sort_keys=True)
-    return {
-        "data_root": data_root,
-        "span": chosen,
-        "spans": selected,
-        "fingerprint": hashlib.sha256(whole.encode()).hexdigest()[:16],
-    }
-
-
 def read_selection(selection: types.Artifact) -> dict[str, Any]:
     """The selection as `select` returned it (span numbers as ints)."""
     value = json.loads(storage.read_bytes(storage.join(selection.uri, SELECTION_FILE)))
@@ -114,7 +61,7 @@ class SelectSpansExecutor(BaseExecutor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         names = ("data_root", "span", "window_spans", "force", "serving_root", "model_name")
         check_run_parameters("SelectSpans", {name: exec_properties[name] for name in names})
-        selection = select(
+        selection = spans.select(
             exec_properties["data_root"],
             exec_properties["span"],
             exec_properties["window_spans"],
@@ -132,7 +79,7 @@ class SelectSpansExecutor(BaseExecutor):
         elif exec_properties["force"]:
             train, reason = 1, f"span(s) {numbers} trained before; training again (force=1)"
         else:
-            train, reason = 0, _no_new_data(selection, before)
+            train, reason = 0, spans.no_new_data_reason(selection, before)
         _log.info("%s", reason)
 
         out = artifact_utils.get_single_instance(output_dict["selection"])
@@ -146,20 +93,6 @@ class SelectSpansExecutor(BaseExecutor):
         storage.write_bytes(storage.join(decision.uri, DECISION_FILE), json.dumps(body).encode())
         decision.set_int_custom_property(TRAIN_KEY, train)
         decision.set_string_custom_property("reason", reason)
-
-
-def _no_new_data(selection: dict[str, Any], before: dict[str, Any]) -> str:
-    outcome = (
-        f"version {before['pushed_version']} was pushed from it"
-        if before.get("pushed_version")
-        else f"its model was not pushed ({before.get('reason') or 'not blessed'})"
-    )
-    return (
-        f"no new data since span {selection['span']}: span(s) {sorted(selection['spans'])} "
-        f"(fingerprint {selection['fingerprint']}) already trained a model on "
-        f"{before.get('time', '?')}, and {outcome}. Nothing is trained or pushed; add a span, or "
-        "set the run parameter force=1 to train on the same data again."
-    )
 
 
 class NeverCachedDriver(base_driver.BaseDriver, portable_base_driver.BaseDriver):

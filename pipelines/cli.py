@@ -37,21 +37,34 @@ from pipelines.errors import ActionableError, actionable_cause  # noqa: E402
 
 
 def cmd_run(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import data, local_runner, serving
-    from pipelines.run_summary import format_summary
+    from pipelines import local_runner
 
     started = time.monotonic()
     with local_runner.object_store(config, keep=args.keep_store):
         local_runner.ensure_data(config)
-        console.say(f"Running pipeline {config.pipeline_name!r} (full log: {args.log_path}) ...")
-        summary = local_runner.run_pipeline(config, log_path=args.log_path)
-        console.say(format_summary(summary))
-        served = summary.pushed_path or local_runner.latest_served(config)
-        if served and summary.span is not None:
-            span_dir = data.span_dir(config.data_root, summary.span)
-            console.say("\n" + "\n".join(serving.sample_predictions(served, span_dir)))
-    console.say(f"\nDone in {time.monotonic() - started:.0f} s.")
+        unchanged = local_runner.nothing_new(config)
+        if unchanged:  # the pipeline would skip every step: say so without loading TFX
+            served = local_runner.latest_served(config)
+            console.say(unchanged)
+            if served:
+                console.say(f"Served: {served} (`tkp serve` answers predictions from it).")
+        else:
+            _run_pipeline(args, config)
+    console.say(f"\nDone in {time.monotonic() - started:.1f} s.")
     return 0
+
+
+def _run_pipeline(args: argparse.Namespace, config: PipelineConfig) -> None:
+    from pipelines import data, local_runner, serving
+    from pipelines.run_summary import format_summary
+
+    console.say(f"Running pipeline {config.pipeline_name!r} (full log: {args.log_path}) ...")
+    summary = local_runner.run_pipeline(config, log_path=args.log_path, timings=args.timings)
+    console.say(format_summary(summary))
+    served = summary.pushed_path or local_runner.latest_served(config)
+    if served and summary.span is not None:
+        span_dir = data.span_dir(config.data_root, summary.span)
+        console.say("\n" + "\n".join(serving.sample_predictions(served, span_dir)))
 
 
 def _span_size(args: argparse.Namespace, config: PipelineConfig) -> tuple[int, float]:
@@ -342,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave the embedded object store running; the next command reuses it",
     )
+    run.add_argument("--timings", type=Path, metavar="JSON",
+                     help="also write each step's seconds and peak memory there")  # fmt: skip
     span = add("add-span", cmd_add_span, "Generate the next data span into the data root.")
     span.add_argument("--rows", type=int, help="rows in the new span (default: rows_per_span)")
     span.add_argument("--drift", type=float, nargs="?", const=DEFAULT_DRIFT, metavar="STRENGTH",

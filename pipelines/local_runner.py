@@ -7,22 +7,31 @@ sure there is data, runs the pipeline, and reads the outcome back from ML Metada
 from __future__ import annotations
 
 import contextlib
+import importlib
+import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from pipelines import console, data, storage
+from pipelines import console
 from pipelines.config import WORK_DIR, PipelineConfig
 from pipelines.object_store import EmbeddedObjectStore
-from pipelines.run_summary import RunSummary, last_execution_id, read_summary
+
+if TYPE_CHECKING:
+    from pipelines.run_summary import RunSummary
+
+# What every command loads after the store answers (Beam's file systems, pandas, ~1.5 s): loaded
+# while the store starts (~2 s, spent waiting), in a thread, so a run with nothing new is quick.
+_AFTER_STORE_START = ("pipelines.data", "components.registry")
 
 
 def s3_buckets(config: PipelineConfig) -> set[str]:
     roots = (config.data_root, config.serving_root, config.pipeline_root)
-    return {storage.split_s3(root)[0] for root in roots if root.startswith("s3://")}
+    return {root[len("s3://") :].split("/")[0] for root in roots if root.startswith("s3://")}
 
 
 class Store(NamedTuple):
@@ -42,6 +51,8 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
     if not s3_buckets(config):
         yield Store("", "none")
         return
+    for module in _AFTER_STORE_START:
+        threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
     store = EmbeddedObjectStore(WORK_DIR / "seaweedfs")
     console.say(f"Starting embedded object store (SeaweedFS) in {store.data_dir} ...")
     started = time.monotonic()
@@ -68,13 +79,36 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
 def latest_served(config: PipelineConfig) -> str | None:
     """The served version's folder (components/registry.py), if any."""
     from components import registry
+    from pipelines import storage
 
     version = registry.served_version(config.serving_model_dir, config.model_name)
     return None if version is None else storage.join(config.serving_model_dir, str(version))
 
 
+def nothing_new(config: PipelineConfig) -> str | None:
+    """Why this run would train nothing (its input already trained a model and force is 0), found
+    as SelectSpans finds it (components/span_selection.py) but without loading TFX, so that a
+    run with no new data ends in seconds; None when the run must go on (also when the input is
+    unreadable: the pipeline's first step then reports it as usual)."""
+    from components import registry, spans
+
+    if config.force:
+        return None
+    try:
+        selection = spans.select(
+            config.data_root, config.span, config.window_spans, config.success_marker
+        )
+    except spans.ExampleGenInputError:
+        return None
+    folder = registry.versions_dir(config.serving_root, config.model_name)
+    before = registry.trained_outcome(folder, selection["fingerprint"])
+    return None if before is None else spans.no_new_data_reason(selection, before)
+
+
 def ensure_data(config: PipelineConfig) -> None:
     """Writes span 0 when the data root holds no spans, so a first run has something to train on."""
+    from pipelines import data
+
     if data.existing_spans(config.data_root):
         return
     console.say(
@@ -84,9 +118,24 @@ def ensure_data(config: PipelineConfig) -> None:
                     marker=config.success_marker)  # fmt: skip
 
 
+def _reset_peak_memory() -> None:
+    """Starts this process's peak resident memory (VmHWM) afresh (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_memory_gb() -> float | None:
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(x for x in status if x.startswith("VmHWM:")).split()[1]) / 1024**2
+    return None
+
+
 @contextlib.contextmanager
-def step_progress(total: int) -> Iterator[dict[str, float]]:
-    """Prints a line as each step starts and ends; yields the measured wall time per step.
+def step_progress(total: int) -> Iterator[dict[str, dict]]:
+    """Prints a line as each step starts and ends; yields, per step, its wall time (`seconds`),
+    whether it ran (`ran`) and the process's peak memory while it ran (`peak_gb`; steps run in
+    this process; Beam's or training's worker processes, when configured, are not counted).
 
     Wraps TFX's node launcher rather than parsing its log lines: components change absl's log
     verbosity mid-run, which silenced a log-based progress report.
@@ -94,24 +143,27 @@ def step_progress(total: int) -> Iterator[dict[str, float]]:
     from tfx.orchestration.portable import launcher
 
     original_launch = launcher.Launcher.launch
-    seconds: dict[str, float] = {}
+    steps: dict[str, dict] = {}
     run_start = time.monotonic()
 
     def launch(self):
         node = self._pipeline_node.node_info.id
-        console.say(f"[{len(seconds) + 1}/{total}] {node} ...")
+        console.say(f"[{len(steps) + 1}/{total}] {node} ...")
+        _reset_peak_memory()
         started = time.monotonic()
-        outcome = "FAILED after"
+        ran = None
         try:
             result = original_launch(self)
             # No execution: a condition (no new data) or a skipped upstream step left it out.
-            ran = result is not None and getattr(result, "execution_id", None)
-            outcome = "finished in" if ran else "skipped after"
+            ran = bool(result is not None and getattr(result, "execution_id", None))
             return result
         finally:
             now = time.monotonic()
-            seconds[node] = now - started
-            console.say(f"[{len(seconds)}/{total}] {node} {outcome} {seconds[node]:.1f} s "
+            peak = _peak_memory_gb()
+            steps[node] = {"seconds": now - started, "ran": bool(ran), "peak_gb": peak}
+            outcome = {None: "FAILED after", True: "finished in", False: "skipped after"}[ran]
+            memory = f", peak memory {peak:.2f} GB" if ran and peak else ""
+            console.say(f"[{len(steps)}/{total}] {node} {outcome} {now - started:.1f} s{memory} "
                         f"(run so far {now - run_start:.0f} s)")  # fmt: skip
 
     # Our executors' own notes (span read, baseline found, version pushed) go to the console too.
@@ -122,19 +174,24 @@ def step_progress(total: int) -> Iterator[dict[str, float]]:
     notes.setLevel(logging.INFO)
     launcher.Launcher.launch = launch
     try:
-        yield seconds
+        yield steps
     finally:
         launcher.Launcher.launch = original_launch
         notes.removeHandler(console_handler)
 
 
-def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSummary:
-    """Runs the pipeline once with LocalDagRunner (store and data must be in place)."""
+def run_pipeline(
+    config: PipelineConfig, log_path: Path | None = None, timings: Path | None = None
+) -> RunSummary:
+    """Runs the pipeline once with LocalDagRunner (store and data must be in place); `timings`:
+    a JSON file to write each step's seconds and peak memory to (step_progress)."""
     from tfx import v1 as tfx  # heavy import (~20 s): only when a run is asked for
     from tfx.dsl.compiler import compiler
     from tfx.orchestration.portable import runtime_parameter_utils
 
+    from components.beam_dependencies import skip_tfx_package_for_local_workers
     from pipelines.pipeline import create_pipeline, run_parameter_values
+    from pipelines.run_summary import last_execution_id, read_summary
 
     pipeline = create_pipeline(
         config,
@@ -142,6 +199,7 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
             config.metadata_path
         ),
     )
+    skip_tfx_package_for_local_workers()
     pipeline_ir = compiler.Compiler().compile(pipeline)
     # Every run parameter bound to the config's value: TFX compiles no default for a falsy one
     # (`if default_value:` in tfx/dsl/compiler/compiler_utils.py), so `span=0` or `min_auc=0`
@@ -167,13 +225,17 @@ def run_pipeline(config: PipelineConfig, log_path: Path | None = None) -> RunSum
     root.setLevel(logging.INFO)
     last_execution = last_execution_id(config)
     try:
-        with step_progress(total=len(pipeline.components)) as seconds:
+        with step_progress(total=len(pipeline.components)) as steps:
             tfx.orchestration.LocalDagRunner().run_with_ir(pipeline_ir)
     finally:
+        if timings:
+            timings.parent.mkdir(parents=True, exist_ok=True)
+            timings.write_text(json.dumps(steps, indent=1))
         if file_handler:
             root.removeHandler(file_handler)
             file_handler.close()
         for handler, level in console_levels.items():
             handler.setLevel(level)
         root.setLevel(previous_level)
+    seconds = {node: step["seconds"] for node, step in steps.items()}
     return read_summary(config, after_execution=last_execution, seconds=seconds)
