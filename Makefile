@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 UV_VERSION := 0.13.8
 ARGS ?=
 
-.PHONY: ci venv run test lint format add-span store lock clean compile submit schedule images \
+.PHONY: ci venv run test lint format add-span store bench lock clean compile submit schedule images \
 	base-image
 
 venv: $(VENV)/.installed
@@ -49,6 +49,10 @@ add-span: venv
 
 store: venv
 	@$(PY) -m pipelines.cli store $(ARGS)
+
+# Benchmark (about 20-30 min on 2 CPUs); writes bench/results.{json,md} and the chart.
+bench: venv
+	@$(PY) -m pipelines.cli bench $(ARGS)
 
 # The CI recipe is linted too: actionlint, with shellcheck on its run: scripts.
 lint: venv

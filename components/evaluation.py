@@ -85,6 +85,9 @@ def eval_config(min_auc: float, min_accuracy: float, max_auc_drop: float) -> tfm
 
 class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
+        from components.autograph_rules import keep_autograph_out_of_libraries
+
+        keep_autograph_out_of_libraries()  # TFMA loads the models with Keras (model_util.py)
         properties = dict(exec_properties)
         thresholds = {
             name: properties.pop(name) for name in ("min_auc", "min_accuracy", "max_auc_drop")

@@ -16,14 +16,20 @@ import logging  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 import tensorflow_transform as tft  # noqa: E402
-from tfx import v1 as tfx  # noqa: E402
 from tfx_bsl.public import tfxio  # noqa: E402
 
+if TYPE_CHECKING:  # the annotation only: tfx.v1 imports every component and Vertex AI's SDK
+    from tfx import v1 as tfx
+
 from components import checkpoints, distribution, features, guards, preprocessing  # noqa: E402
+from components.autograph_rules import keep_autograph_out_of_libraries  # noqa: E402
 from pipelines import storage  # noqa: E402
+
+keep_autograph_out_of_libraries()  # 15 s less tracing before the first step
 
 DEFAULT_HIDDEN_UNITS = [64, 32]
 DEFAULT_LEARNING_RATE = 1e-3

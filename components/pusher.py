@@ -24,7 +24,7 @@ from tfx.components.pusher import executor as pusher_executor
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 
-from components import registry, warmup
+from components import registry
 from components.baseline import BASELINE_VERSION_KEY, NO_BASELINE, QUALITY_KEY, serving_parameters
 from components.evaluation import read_verdict
 from components.span_selection import SpanSelection, read_selection
@@ -122,6 +122,10 @@ class VersionedPusherExecutor(pusher_executor.Executor):
     def _extra_files(self, input_dict, exec_properties, model_path: str) -> dict[str, bytes]:
         """TF Serving's warm-up requests from the eval split, and the TFLite edge model when
         `export_tflite` is 1."""
+        # Here, not at the top: the model code it reads its signatures from imports TF Transform,
+        # which a run whose model is not blessed never needs.
+        from components import warmup
+
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         rows = warmup.eval_examples(examples.uri)
         saved_model_pb = storage.read_bytes(storage.join(model_path, "saved_model.pb"))

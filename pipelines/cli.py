@@ -2,6 +2,7 @@
 
 Local: run, add-span, store, watch. Served versions: models list, models show, rollback.
 Serving: serve (TF Serving's REST API), serving-sync (the mirror TF Serving reads), bench-serving.
+Bench: bench (make bench: steps against rows, caching, stock TFX, step start-up, Beam).
 Training: bench-input (is training bound by its input pipeline?), gpu-check (on a GPU machine),
 tensorboard (a training run's TensorBoard logs, copied to local disk and served).
 Kubeflow: images (build the step images), compile, submit, schedule, pause, resume.
@@ -27,6 +28,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 from pipelines import console  # noqa: E402
 from pipelines.config import (  # noqa: E402
     DEFAULT_DRIFT,
+    REPO_ROOT,
     SPEC_PATH,
     ConfigError,
     PipelineConfig,
@@ -136,6 +138,27 @@ def cmd_serving_sync(args: argparse.Namespace, config: PipelineConfig) -> int:
     with local_runner.object_store(config):
         return serving_sync.run(config.serving_model_dir, config.model_name, Path(args.target),
                                 None if args.once else args.interval, console.say)  # fmt: skip
+
+
+def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import bench
+
+    sizes = [1_000] if args.tiny else args.sizes + ([1_000_000] if args.large else [])
+    rows = 2_000 if args.tiny else config.rows_per_span
+    skip = set(args.skip or [])
+    unknown = skip - set(bench.PARTS)
+    if unknown:
+        parts = ", ".join(bench.PARTS)
+        raise ConfigError(f"--skip: no part named {sorted(unknown)}; the parts: {parts}")
+    console.say(f"Bench: parts {[p for p in bench.PARTS if p not in skip]}, sizes {sizes}, "
+                f"default run {rows:,} rows; work in {bench.BENCH_WORK} ...")  # fmt: skip
+    modes = tuple(args.beam_modes or bench.BEAM_MODES)
+    if set(modes) - set(bench.BEAM_MODES):
+        raise ConfigError(f"--beam-modes: one of {list(bench.BEAM_MODES)} each, got {modes}")
+    bench.run(sizes, rows, args.repeats, args.tiny, skip, modes, report_dir=args.report_dir,
+              say=console.say)  # fmt: skip
+    console.say(f"Report: {args.report_dir / 'results.md'} (and results.json, time-per-step.png)")
+    return 0
 
 
 def cmd_bench_input(args: argparse.Namespace, config: PipelineConfig) -> int:
@@ -432,6 +455,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=_count, default=4, help="requests in flight")
     bench.add_argument("--batch-sizes", type=_counts, default=[1, 64], metavar="N,N",
                        help="examples per request (default: 1,64)")  # fmt: skip
+    bench_all = add("bench", cmd_bench, "Benchmark the pipeline: time per step against rows, "
+                    "a run with nothing new, stock TFX, step start-up, Beam runners.")  # fmt: skip
+    bench_all.add_argument("--sizes", type=_counts, default=[10_000, 100_000], metavar="N,N",
+                           help="rows of the end-to-end runs")  # fmt: skip
+    bench_all.add_argument("--large", action="store_true", help="also 1,000,000 rows (long)")
+    bench_all.add_argument("--repeats", type=_count, default=3, help="of each short figure")
+    bench_all.add_argument("--skip", type=lambda t: t.split(","), metavar="PART,PART",
+                           help="parts to leave out (see pipelines/bench.py PARTS)")  # fmt: skip
+    bench_all.add_argument("--beam-modes", type=lambda t: t.split(","), metavar="MODE,MODE",
+                           help="Beam modes to time (pipelines/bench.py BEAM_MODES)")  # fmt: skip
+    bench_all.add_argument("--tiny", action="store_true",
+                           help="every part on tiny data (the test's mode)")  # fmt: skip
+    bench_all.add_argument("--report-dir", type=Path, default=REPO_ROOT / "bench",
+                           help="where results.json, results.md and the chart go")  # fmt: skip
     bench_input = add("bench-input", cmd_bench_input,
                       "Training examples/s from the TFRecords vs. from memory.")  # fmt: skip
     bench_input.add_argument("--steps", type=_count, default=400,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -336,3 +337,20 @@ def _debian_mirror() -> str:
         if found:
             return found.group(1)
     return _DEBIAN_MIRROR
+
+
+def dockerfile_env(dockerfile: Path) -> dict[str, str]:
+    """The ENV a container of this image starts with, read from its Dockerfile's `ENV K=V` lines
+    (the base image's own ENV, such as LANG or the CUDA image's LD_LIBRARY_PATH, is not known
+    here; PATH starts from the OCI default)."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    environment = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    for line in text.splitlines():
+        if not line.strip().upper().startswith("ENV "):
+            continue
+        for pair in shlex.split(line.strip()[4:]):
+            name, _, value = pair.partition("=")
+            environment[name] = re.sub(
+                r"\$\{?(\w+)\}?", lambda m: environment.get(m.group(1), ""), value
+            )
+    return environment

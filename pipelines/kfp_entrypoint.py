@@ -207,18 +207,20 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
     argv[position] = json.dumps(executor_input)
-    # Imported after the checks above: TFX's import alone takes about 20 s.
-    from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor as tfx_entrypoint
-
     argv.extend(beam_args)
+    # After the checks above, which need none of it: these imports take most of the start-up.
+    from pipelines.tfx_v2_executor import load_executor
+
+    run = load_executor(argv)
     # The step's notes (components' INFO lines: spans, training progress, decisions) belong in
     # its log, which the UI shows; the libraries' imports leave the root logger at WARNING.
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.INFO)
-    # The line that ends the step's start-up: tests/kfp_containers.py times it from the start.
+    # The line that ends the step's start-up (everything imported, no data read yet):
+    # tests/kfp_containers.py and pipelines/bench_startup.py time it from the start.
     executor = argv[argv.index(EXECUTOR_FLAG) + 1] if EXECUTOR_FLAG in argv else "executor"
     logging.getLogger(__name__).info("%s %s", executor, EXECUTOR_STARTS)
-    tfx_entrypoint.main(tfx_entrypoint._parse_flags(argv))
+    run()
     restore_remote_uris(executor_input["outputs"]["outputFile"], remote_of)
     return 0
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
 import time
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from pipelines import storage
+from pipelines import images, storage
 from pipelines.object_store import s3_client
 
 # component/launcher_v2.go OutputMetadataFilepath.
@@ -32,7 +30,6 @@ EXECUTOR_LOGS = "executor-logs"
 # component/launcher_v2.go LocalPathForURI.
 _LOCAL_FOLDERS = {"gs://": "gcs", "minio://": "minio", "s3://": "s3"}
 # What a Docker/OCI image has on PATH before its Dockerfile changes it.
-_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The image's virtual environment; the harness stands this project's .venv in for it.
 IMAGE_VENV = "/opt/venv"
 OOM_KILLED = 137
@@ -54,20 +51,7 @@ def local_path(uri: str, root: Path) -> Path | None:
 
 
 def image_environment(dockerfile: Path) -> dict[str, str]:
-    """The ENV a container of this image starts with, read from its Dockerfile's `ENV K=V` lines
-    (the base image's own ENV, such as LANG or the CUDA image's LD_LIBRARY_PATH, is not known
-    here; PATH starts from the OCI default)."""
-    text = re.sub(r"\\\n", " ", dockerfile.read_text())
-    environment = {"PATH": _DEFAULT_PATH}
-    for line in text.splitlines():
-        if not line.strip().upper().startswith("ENV "):
-            continue
-        for pair in shlex.split(line.strip()[4:]):
-            name, _, value = pair.partition("=")
-            environment[name] = re.sub(
-                r"\$\{?(\w+)\}?", lambda m: environment.get(m.group(1), ""), value
-            )
-    return environment
+    return images.dockerfile_env(dockerfile)
 
 
 def pod_environment(container_env: dict[str, str], secret_env: dict[str, str]) -> dict[str, str]:
