@@ -7,8 +7,9 @@ tfx/utils/dependency_utils.py `make_beam_dependency_flags`. It takes 1-2 s per s
 ~45 MB folder in the system temp directory that nothing removes: ~170 MB per local run, so
 scheduled local runs fill the disk. Workers that run in this process or on this machine
 (Beam's DirectRunner, or a portable runner with LOOPBACK workers) import the installed TFX and
-never read that package, so for them it is not built. Remote workers (Flink, Spark, Dataflow)
-still get TFX's default; give them the step image instead (`--sdk_container_image`, README.md).
+never read that package, so for them it is not built; nor for EXTERNAL workers, the worker pools
+an operator runs from the step image. Other remote workers (Dataflow, DOCKER or PROCESS
+environments) still get TFX's default unless the options name their image or packages.
 """
 
 from __future__ import annotations
@@ -19,15 +20,18 @@ _LOCAL_RUNNERS = {
 
 
 def workers_are_local(beam_args: list[str]) -> bool:
-    """True when the options' workers import this machine's TFX: the DirectRunner (Beam's
-    default), or the PortableRunner with LOOPBACK workers (in this process)."""
+    """True when the options' workers already have TFX: the DirectRunner (Beam's default), the
+    PortableRunner with LOOPBACK workers (this process) or EXTERNAL ones (worker pools the
+    operator runs, from the step image, README.md "Speed and scale"; Beam's worker pool does not
+    install staged packages anyway)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     options = PipelineOptions(flags=list(beam_args)).get_all_options()
     runner = (options.get("runner") or "").lower() or None
     if runner in _LOCAL_RUNNERS:
         return True
-    return runner == "portablerunner" and (options.get("environment_type") or "") == "LOOPBACK"
+    workers = options.get("environment_type")
+    return runner == "portablerunner" and workers in ("LOOPBACK", "EXTERNAL")
 
 
 def skip_tfx_package_for_local_workers() -> None:

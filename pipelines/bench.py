@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -29,7 +30,11 @@ BENCH_WORK = WORK_DIR / "bench"
 REPORT_DIR = REPO_ROOT / "bench"
 # What `tkp bench --tiny` changes: seconds instead of minutes, so a test keeps every part working.
 TINY = {"train_steps": "40", "eval_steps": "5", "epochs": "1", "min_auc": "0", "min_accuracy": "0"}
-THROUGHPUT_STEPS = ("ExampleGen", "StatisticsGen", "Transform", "Trainer", "Evaluator")
+STEP_DONE = re.compile(r"\[\d+/\d+\] \w+ (finished in|FAILED after) ")
+# Steps whose work grows with the rows; the Trainer's is a fixed number of steps (train_steps).
+DATA_STEPS = ("ExampleGen", "StatisticsGen", "Transform", "Evaluator")
+PUSHED = re.compile(r"^Pushed: s3://", re.M)  # the run summary's line; "nothing pushed" otherwise
+TRAINING_RECORD = re.compile(r"Training finished: (\{.*\})")
 BEAM_MODES = {
     "direct-in-memory": "--direct_running_mode=in_memory,--direct_num_workers=1",
     "direct-2-processes": "--direct_running_mode=multi_processing,--direct_num_workers=2",
@@ -62,15 +67,25 @@ class Bench:
         sets = [f"--set={k}={v}" for k, v in {**self.settings, **(settings or {})}.items()]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env["PIPELINE_WORK_DIR"] = str(work)
-        started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "pipelines.cli", *args, *extra, *sets],
-                              capture_output=True, text=True, env=env)  # fmt: skip
-        seconds = time.monotonic() - started
-        if done.returncode:
-            raise RuntimeError(f"tkp {' '.join(args)} in {work} failed ({done.returncode}):\n"
-                               f"{done.stdout[-3000:]}{done.stderr[-3000:]}")  # fmt: skip
+        seconds, output = self.stream(["-m", "pipelines.cli", *args, *extra, *sets], env)
         steps = json.loads(timings.read_text()) if timings.exists() else {}
-        return {"wall_seconds": seconds, "steps": steps, "stdout": done.stdout}
+        return {"wall_seconds": seconds, "steps": steps, "stdout": output}
+
+    def stream(self, python_args: list[str], env: dict | None = None) -> tuple[float, str]:
+        """Runs `python ARGS`; passes on its step lines as they come; (wall seconds, output)."""
+        started = time.monotonic()
+        process = subprocess.Popen([sys.executable, *python_args], env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if STEP_DONE.match(line):
+                self.say("    " + line.strip())
+        seconds, output = time.monotonic() - started, "".join(lines)
+        if process.wait():
+            raise RuntimeError(f"python {' '.join(python_args[:3])} ... failed "
+                               f"({process.returncode}):\n{output[-5000:]}")  # fmt: skip
+        return seconds, output
 
     def end_to_end(self) -> None:
         """The default pipeline on each size: a fresh work folder, span 0 of that many rows."""
@@ -81,26 +96,10 @@ class Bench:
                                fresh=True)  # fmt: skip
             run.pop("stdout")
             run["rows"] = rows
-            run["rows_per_second"] = {
-                step: rows / run["steps"][step]["seconds"] for step in THROUGHPUT_STEPS
-            }
             self.say(f"  {run['wall_seconds']:.0f} s in all")
             runs[str(rows)] = run
         self.results["end_to_end"] = runs
-        if len(self.sizes) > 1:
-            small, large = runs[str(self.sizes[-2])], runs[str(self.sizes[-1])]
-            per_row = {
-                step: (large["steps"][step]["seconds"] / large["rows"])
-                / (small["steps"][step]["seconds"] / small["rows"])
-                for step in THROUGHPUT_STEPS
-            }
-            steps_total = {r: sum(s["seconds"] for s in runs[r]["steps"].values()) for r in runs}
-            per_row["all steps"] = (steps_total[str(large["rows"])] / large["rows"]) / (
-                steps_total[str(small["rows"])] / small["rows"]
-            )
-            self.results["cost_per_row_ratio"] = {
-                "sizes": [small["rows"], large["rows"]], "by_step": per_row,
-            }  # fmt: skip
+        derive_end_to_end(self.results, BENCH_WORK, PipelineConfig.load(self.settings))
 
     def default_run(self) -> None:
         """`make run` as a user sees it: a first run, runs with nothing new, one after a span."""
@@ -126,7 +125,8 @@ class Bench:
             "nothing_new_fraction": statistics.median(cached) / first["wall_seconds"],
             "new_span_wall_seconds": new_span["wall_seconds"],
             "new_span_steps": new_span["steps"],
-            "new_span_pushed": "Pushed: " in new_span["stdout"],
+            "first_pushed": bool(PUSHED.search(first["stdout"])),
+            "new_span_pushed": bool(PUSHED.search(new_span["stdout"])),
         }
 
     def stock(self) -> None:
@@ -143,15 +143,14 @@ class Bench:
         self.say(f"stock TFX ({self.default_rows:,} rows) ...")
         out = work / "result.json"
         sets = [f"{k}={v}" for k, v in self.settings.items()]
-        started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-m", "pipelines.bench_stock", str(csv_dir / "span-0"), str(work),
-             str(out), *sets], capture_output=True, text=True,
-        )  # fmt: skip
-        if done.returncode:
-            raise RuntimeError(f"stock TFX failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        # Stock TFX builds a ~45 MB package of its own source per Beam step (its cost is in its
+        # times, as a stock user pays it); its temp folder keeps them out of the system's.
+        (work / "tmp").mkdir(parents=True)
+        env = {**os.environ, "TMPDIR": str(work / "tmp")}
+        seconds, _ = self.stream(["-m", "pipelines.bench_stock", str(csv_dir / "span-0"),
+                                  str(work), str(out), *sets], env)  # fmt: skip
         result = json.loads(out.read_text())
-        result["wall_seconds"] = time.monotonic() - started
+        result["wall_seconds"] = seconds
         self.results["stock"] = result
 
     def startup(self, spec: Path = SPEC_PATH) -> None:
@@ -193,6 +192,43 @@ class Bench:
         self.results["serving"] = json.loads((folder / "serving.json").read_text())
 
 
+def derive_end_to_end(results: dict, bench_work: Path, config: PipelineConfig) -> None:
+    """Throughputs and the cost-per-row ratio from the end-to-end runs (their timings and logs).
+
+    ExampleGen, StatisticsGen, Transform and Evaluator: rows of the span per second of the step
+    (the Evaluator reads the eval split, a fifth of them). Trainer: training examples per second
+    of the step, set-up and export included (steps x global batch / seconds; the steps from the
+    Trainer's own record in the run's log), as it trains a fixed number of steps whatever the
+    rows. Cost per row: the largest size against 100,000 rows when both ran, else against the
+    next smaller size; over the data steps, whose work grows with the rows."""
+    runs = results["end_to_end"]
+    for key, run in runs.items():
+        rows = run["rows"]
+        run["rows_per_second"] = {s: rows / run["steps"][s]["seconds"] for s in DATA_STEPS}
+        logs = sorted((bench_work / f"rows-{key}" / "logs").glob("run-*.log"))
+        found = TRAINING_RECORD.search(logs[-1].read_text()) if logs else None
+        if found:
+            record = json.loads(found.group(1))
+            batch = config.batch_size * record["replicas"]  # batch_size is per replica
+            seconds = run["steps"]["Trainer"]["seconds"]
+            rate = record["steps"] * batch / seconds
+            run["training"] = {"steps": record["steps"], "global_batch": batch,
+                               "examples_per_second": rate}  # fmt: skip
+    sizes = sorted(run["rows"] for run in runs.values())
+    if len(sizes) < 2:
+        return
+    large = sizes[-1]
+    small = 100_000 if 100_000 in sizes[:-1] else sizes[-2]
+    a, b = runs[str(large)], runs[str(small)]
+    by_step = {s: (a["steps"][s]["seconds"] / large) / (b["steps"][s]["seconds"] / small)
+               for s in DATA_STEPS}  # fmt: skip
+    total = {
+        n: sum(runs[str(n)]["steps"][s]["seconds"] for s in DATA_STEPS) for n in (large, small)
+    }
+    by_step["data steps"] = (total[large] / large) / (total[small] / small)
+    results["cost_per_row_ratio"] = {"sizes": [small, large], "by_step": by_step}
+
+
 def _start_job_service() -> tuple[subprocess.Popen, str]:
     """Beam's own local job service: the portable Job API that Flink's and Spark's job servers
     implement; `(process, host:port)`."""
@@ -231,6 +267,7 @@ def run(sizes: list[int], default_rows: int, repeats: int, tiny: bool, skip: set
             continue
         part_started = time.monotonic()
         getattr(bench, part)()
+        bench_report.write(bench.results, report_dir)  # a later part's failure keeps these
         say(f"[{part}] done in {time.monotonic() - part_started:.0f} s "
             f"(bench so far {time.monotonic() - started:.0f} s)")  # fmt: skip
     bench.results["settings"] = {

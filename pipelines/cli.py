@@ -155,8 +155,11 @@ def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
     modes = tuple(args.beam_modes or bench.BEAM_MODES)
     if set(modes) - set(bench.BEAM_MODES):
         raise ConfigError(f"--beam-modes: one of {list(bench.BEAM_MODES)} each, got {modes}")
-    bench.run(sizes, rows, args.repeats, args.tiny, skip, modes, report_dir=args.report_dir,
-              say=console.say)  # fmt: skip
+    from pipelines import bench_report
+
+    results = bench.run(sizes, rows, args.repeats, args.tiny, skip, modes,
+                        report_dir=args.report_dir, say=console.say)  # fmt: skip
+    console.say("\n" + bench_report.summary(results))
     console.say(f"Report: {args.report_dir / 'results.md'} (and results.json, time-per-step.png)")
     return 0
 

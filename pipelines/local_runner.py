@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 _AFTER_STORE_START = ("pipelines.data", "components.registry")
 
 
+def _import_quietly(module: str) -> None:
+    """An import ahead of its use; a failure shows where the module is used, not here."""
+    with contextlib.suppress(Exception):
+        importlib.import_module(module)
+
+
 def s3_buckets(config: PipelineConfig) -> set[str]:
     roots = (config.data_root, config.serving_root, config.pipeline_root)
     return {root[len("s3://") :].split("/")[0] for root in roots if root.startswith("s3://")}
@@ -52,7 +58,7 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
         yield Store("", "none")
         return
     for module in _AFTER_STORE_START:
-        threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
+        threading.Thread(target=_import_quietly, args=(module,), daemon=True).start()
     store = EmbeddedObjectStore(WORK_DIR / "seaweedfs")
     console.say(f"Starting embedded object store (SeaweedFS) in {store.data_dir} ...")
     started = time.monotonic()

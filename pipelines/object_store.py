@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import os
 import re
 import secrets
@@ -169,6 +170,13 @@ class EmbeddedObjectStore:
 
     def start(self, timeout_s: float = 60.0, detached: bool = False) -> EmbeddedObjectStore:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Two commands starting at once on one folder: the second waits for the first's store,
+        # then reuses it, and never clears the folders of a store that is starting.
+        with open(self.data_dir / ".start.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._start(timeout_s, detached)
+
+    def _start(self, timeout_s: float, detached: bool) -> EmbeddedObjectStore:
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "local-" + secrets.token_hex(8))
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", secrets.token_hex(16))
         os.environ.setdefault("AWS_REGION", "us-east-1")
@@ -240,7 +248,7 @@ class EmbeddedObjectStore:
         for stale in [temp_dir, *self.data_dir.glob("m[0-9]*")]:
             if stale.is_dir() and (stale == temp_dir or stale.name[1:].isdigit()):
                 shutil.rmtree(stale, ignore_errors=True)
-        temp_dir.mkdir()
+        temp_dir.mkdir(exist_ok=True)
         return temp_dir
 
     def _wait_until_it_answers(self, timeout_s: float, log_offset: int) -> None:
