@@ -23,7 +23,7 @@ STOCK_NAMES = {
     "LatestPushedModel": "latest_blessed_model_resolver", "Evaluator": "Evaluator",
     "Pusher": "Pusher",
 }  # fmt: skip
-NOT_MEASURED = "not measured in this bench run (skipped)"
+NOT_MEASURED = "not measured in this bench run"
 
 
 def machine() -> dict[str, Any]:
