@@ -47,11 +47,13 @@ class Bench:
     """One bench run: its settings, its work folder and what it has measured so far."""
 
     def __init__(self, sizes: list[int], default_rows: int, repeats: int, tiny: bool,
-                 beam_modes: tuple[str, ...], say: Callable[[str], None] = print):  # fmt: skip
+                 beam_modes: tuple[str, ...], settings: dict[str, str] | None = None,
+                 say: Callable[[str], None] = print):  # fmt: skip
         self.sizes, self.default_rows, self.repeats, self.tiny = sizes, default_rows, repeats, tiny
         self.beam_modes = beam_modes
         self.say = say
-        self.settings = dict(TINY) if tiny else {}
+        # Config fields for every run (tkp bench --set), over the tiny mode's.
+        self.settings = {**(TINY if tiny else {}), **(settings or {})}
         self.results: dict[str, Any] = {}
 
     def run_cli(self, name: str, *args: str, settings: dict[str, str] | None = None,
@@ -255,12 +257,12 @@ PARTS = ("end_to_end", "default_run", "stock", "startup", "beam", "trainer_and_s
 
 
 def run(sizes: list[int], default_rows: int, repeats: int, tiny: bool, skip: set[str],
-        beam_modes: tuple[str, ...] = tuple(BEAM_MODES), report_dir: Path = REPORT_DIR,
-        say: Callable[[str], None] = print) -> dict:  # fmt: skip
+        beam_modes: tuple[str, ...] = tuple(BEAM_MODES), settings: dict[str, str] | None = None,
+        report_dir: Path = REPORT_DIR, say: Callable[[str], None] = print) -> dict:  # fmt: skip
     """Runs every part not in `skip`, in order, and writes the report; returns the results."""
     from pipelines import bench_report
 
-    bench = Bench(sizes, default_rows, repeats, tiny, beam_modes, say)
+    bench = Bench(sizes, default_rows, repeats, tiny, beam_modes, settings, say)
     started = time.monotonic()
     for part in PARTS:
         if part in skip:
@@ -272,7 +274,8 @@ def run(sizes: list[int], default_rows: int, repeats: int, tiny: bool, skip: set
             f"(bench so far {time.monotonic() - started:.0f} s)")  # fmt: skip
     bench.results["settings"] = {
         "sizes": sizes, "default_rows": default_rows, "repeats": repeats, "tiny": tiny,
-        "skipped": sorted(skip), "bench_seconds": time.monotonic() - started,
+        "skipped": sorted(skip), "config": bench.settings,
+        "bench_seconds": time.monotonic() - started,
     }  # fmt: skip
     bench_report.write(bench.results, report_dir)
     return bench.results

@@ -158,7 +158,8 @@ def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import bench_report
 
     results = bench.run(sizes, rows, args.repeats, args.tiny, skip, modes,
-                        report_dir=args.report_dir, say=console.say)  # fmt: skip
+                        settings=parse_assignments(args.set or []), report_dir=args.report_dir,
+                        say=console.say)  # fmt: skip
     console.say("\n" + bench_report.summary(results))
     console.say(f"Report: {args.report_dir / 'results.md'} (and results.json, time-per-step.png)")
     return 0
