@@ -50,7 +50,7 @@ add-span: venv
 store: venv
 	@$(PY) -m pipelines.cli store $(ARGS)
 
-# Benchmark (about 20-30 min on 2 CPUs); writes bench/results.{json,md} and the chart.
+# Benchmark (about 15 min on 2 CPUs); writes bench/results.{json,md} and the chart.
 bench: venv
 	@$(PY) -m pipelines.cli bench $(ARGS)
 
