@@ -22,7 +22,6 @@ version registry and pruning).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import time
@@ -142,7 +141,7 @@ def run_stock(
     the wall time and the pushed model's folder (False when the Evaluator did not bless it). A
     fresh `work_dir` means no baseline, as in our first run; a reused one evaluates against its
     latest blessed model."""
-    from pipelines.local_runner import step_progress
+    from pipelines.local_runner import logs_to_file, step_progress
 
     work = Path(work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -153,29 +152,11 @@ def run_stock(
     )
     log_path = work / "stock-run.log"
     say(f"Stock TFX: {len(pipeline.components)} steps on {rows_csv_dir}; log: {log_path}")
-    # As pipelines/local_runner.run_pipeline: TFX's, Beam's and absl's logging go to the log
-    # file, the console handlers only let the progress lines (console.say) through.
-    root = logging.getLogger()
-    file_handler = logging.FileHandler(log_path)
-    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    console_levels = {h: h.level for h in root.handlers}
-    for handler in console_levels:
-        handler.setLevel(max(handler.level, logging.CRITICAL + 1))
-    root.addHandler(file_handler)
-    previous_level = root.level
-    root.setLevel(logging.INFO)
     started_ms = int(time.time() * 1000)
     started = time.monotonic()
-    try:
-        with step_progress(total=len(pipeline.components)) as steps:
-            tfx.orchestration.LocalDagRunner().run(pipeline)
-    finally:
-        total = time.monotonic() - started
-        root.removeHandler(file_handler)
-        file_handler.close()
-        for handler, level in console_levels.items():
-            handler.setLevel(level)
-        root.setLevel(previous_level)
+    with logs_to_file(log_path), step_progress(total=len(pipeline.components)) as steps:
+        tfx.orchestration.LocalDagRunner().run(pipeline)
+    total = time.monotonic() - started
     pushed = _pushed_destination(metadata_path, since_ms=started_ms)
     say(f"Stock TFX: {total:.1f} s in all; pushed: {pushed or 'no (not blessed)'}")
     return {"steps": dict(steps), "total_seconds": total, "pushed": pushed}

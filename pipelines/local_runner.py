@@ -186,6 +186,37 @@ def step_progress(total: int) -> Iterator[dict[str, dict]]:
         notes.removeHandler(console_handler)
 
 
+@contextlib.contextmanager
+def logs_to_file(log_path: Path | None) -> Iterator[None]:
+    """The libraries' logging (TFX, Beam, absl) at INFO into `log_path` while a pipeline runs;
+    the console's handlers then let only the progress lines through (pipelines/console.py).
+    Without a log file, warnings still reach the other handlers."""
+    root = logging.getLogger()
+    file_handler = None
+    if log_path:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(log_path)
+        file_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        root.addHandler(file_handler)
+    quiet = logging.CRITICAL + 1 if file_handler else logging.WARNING
+    console_levels = {h: h.level for h in root.handlers if h is not file_handler}
+    for handler in console_levels:
+        handler.setLevel(max(handler.level, quiet))
+    previous_level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        if file_handler:
+            root.removeHandler(file_handler)
+            file_handler.close()
+        for handler, level in console_levels.items():
+            handler.setLevel(level)
+        root.setLevel(previous_level)
+
+
 def run_pipeline(
     config: PipelineConfig, log_path: Path | None = None, timings: Path | None = None
 ) -> RunSummary:
@@ -212,36 +243,13 @@ def run_pipeline(
     # would stop the run with "Parameter value not ready".
     runtime_parameter_utils.substitute_runtime_parameter(pipeline_ir, run_parameter_values(config))
     Path(config.metadata_path).parent.mkdir(parents=True, exist_ok=True)
-    root = logging.getLogger()
-    file_handler = None
-    if log_path:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(log_path)
-        file_handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        )
-        root.addHandler(file_handler)
-    # With a log file everything goes there, and the console gets the progress lines only
-    # (pipelines/console.py); without one, warnings still reach the other handlers.
-    quiet = logging.CRITICAL + 1 if file_handler else logging.WARNING
-    console_levels = {h: h.level for h in root.handlers if h is not file_handler}
-    for handler in console_levels:
-        handler.setLevel(max(handler.level, quiet))
-    previous_level = root.level
-    root.setLevel(logging.INFO)
     last_execution = last_execution_id(config)
-    try:
-        with step_progress(total=len(pipeline.components)) as steps:
+    with logs_to_file(log_path), step_progress(total=len(pipeline.components)) as steps:
+        try:
             tfx.orchestration.LocalDagRunner().run_with_ir(pipeline_ir)
-    finally:
-        if timings:
-            timings.parent.mkdir(parents=True, exist_ok=True)
-            timings.write_text(json.dumps(steps, indent=1))
-        if file_handler:
-            root.removeHandler(file_handler)
-            file_handler.close()
-        for handler, level in console_levels.items():
-            handler.setLevel(level)
-        root.setLevel(previous_level)
+        finally:
+            if timings:
+                timings.parent.mkdir(parents=True, exist_ok=True)
+                timings.write_text(json.dumps(steps, indent=1))
     seconds = {node: step["seconds"] for node, step in steps.items()}
     return read_summary(config, after_execution=last_execution, seconds=seconds)
