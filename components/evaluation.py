@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import tensorflow_model_analysis as tfma
+from google.protobuf.wrappers_pb2 import BoolValue
 from tfx import types
 from tfx.components.evaluator import executor as evaluator_executor
 from tfx.dsl.components.base import base_component, executor_spec
@@ -75,11 +76,16 @@ def eval_config(min_auc: float, min_accuracy: float, max_auc_drop: float) -> tfm
             tfma.MetricsSpec(
                 metrics=[
                     tfma.MetricConfig(class_name="ExampleCount"),
+                    tfma.MetricConfig(class_name="BinaryCrossEntropy"),  # the training loss
                     gated("AUC", auc),
                     gated("BinaryAccuracy", accuracy),
                 ]
             )
         ],
+        # TFMA's default adds the model's compiled Keras metrics, which it computes by loading
+        # each model again with Keras in every worker (keras_util.py): that was half of this
+        # step (measured: 28.9 s -> 14.7 s with a baseline). The metrics above are TFMA's own.
+        options=tfma.Options(include_default_metrics=BoolValue(value=False)),
     )
 
 

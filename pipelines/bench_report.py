@@ -158,9 +158,10 @@ def tables(results: dict[str, Any]) -> str:
     beam = results.get("beam")
     if beam:
         out.append(f"\n## Beam runners ({beam['rows']:,} rows)\n\n")
-        rows = [[mode, _s(s["StatisticsGen"]), _s(s["Transform"])]
-                for mode, s in beam["modes"].items()]  # fmt: skip
-        out.append(_table(["mode", "StatisticsGen s", "Transform s"], rows))
+        steps = [step for step in ("StatisticsGen", "Transform", "Evaluator")
+                 if all(step in s for s in beam["modes"].values())]  # fmt: skip
+        rows = [[mode, *(_s(s[step]) for step in steps)] for mode, s in beam["modes"].items()]
+        out.append(_table(["mode", *(f"{step} s" for step in steps)], rows))
     out.append("\n## Trainer input and serving\n\n")
     trainer = results.get("trainer_input")
     if trainer:

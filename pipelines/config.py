@@ -120,7 +120,11 @@ class PipelineConfig:
     rows_per_span: int = 20_000
     drift: float = 0.0
     seed: int = 42
-    beam_args: tuple[str, ...] = ("--direct_running_mode=in_memory", "--direct_num_workers=1")
+    # cloudpickle: Beam 2.59 pickles with dill by default, and dill took a quarter of Transform
+    # (py-spy); cloudpickle is Beam's own default from 2.65 on.
+    beam_args: tuple[str, ...] = (
+        "--direct_running_mode=in_memory", "--direct_num_workers=1", "--pickle_library=cloudpickle",
+    )  # fmt: skip
     # Kubeflow: the artifact root every step shares, the images (exact tags), resources
     # (Kubernetes quantities: `2`, `500m`; `8G`, `8Gi`), GPU placement, and the Kubernetes Secret
     # whose keys become every step's S3 environment.
