@@ -35,6 +35,11 @@ from components.baseline import (
 from pipelines import storage
 from pipelines.config import check_run_parameters
 
+# The probability above which a client calls a trip a big tipper: BinaryAccuracy's threshold.
+SERVING_THRESHOLD = 0.5
+# ConfusionMatrixPlot's thresholds are -1e-6, 0, 1/n, ..., 1 (confusion_matrix_plot.py): n + 2
+# points of the ROC curve.
+ROC_THRESHOLDS = 100
 SLIDE_CHECK_KEY = "slide_check"  # blessing's custom property: why the slide check refused
 VERDICT_FILE = "verdict.json"  # in the blessing: metrics by slice, failed thresholds, AUC change
 
@@ -77,6 +82,16 @@ def eval_config(min_auc: float, min_accuracy: float, max_auc_drop: float) -> tfm
                 metrics=[
                     tfma.MetricConfig(class_name="ExampleCount"),
                     tfma.MetricConfig(class_name="BinaryCrossEntropy"),  # the training loss
+                    # The run report's ROC curve (run_report.py), from a histogram, and its
+                    # confusion matrix, computed exactly as BinaryAccuracy is.
+                    tfma.MetricConfig(
+                        class_name="ConfusionMatrixPlot",
+                        config=json.dumps({"num_thresholds": ROC_THRESHOLDS}),
+                    ),
+                    tfma.MetricConfig(
+                        class_name="ConfusionMatrixAtThresholds",
+                        config=json.dumps({"thresholds": [SERVING_THRESHOLD]}),
+                    ),
                     gated("AUC", auc),
                     gated("BinaryAccuracy", accuracy),
                 ]
@@ -186,10 +201,66 @@ def read_metrics(uri: str) -> tuple[dict[str, dict[str, float]], list[str]]:
     for per_slice in validation.metric_validations_per_slice:
         for f in per_slice.failures:
             value = f.metric_value.double_value.value
-            threshold = " ".join(str(f.metric_threshold).split())
             against = "change vs baseline" if f.metric_key.is_diff else "value"
-            failures.append(f"{f.metric_key.name} {against} {value:.4f} fails {{{threshold}}}")
+            failures.append(f"{f.metric_key.name} {against} {value:.4f} fails: must be "
+                            f"{_bounds(f.metric_threshold, f.metric_key.is_diff)}")  # fmt: skip
     return metrics, failures
+
+
+def _bounds(threshold: tfma.MetricThreshold, change: bool) -> str:
+    """The bound a value (or, for `change`, its change vs the baseline) failed, in words:
+    "at least 0.75", "a change of at least -0.01"."""
+    parts = []
+    if not change:
+        value = threshold.value_threshold
+        if value.HasField("lower_bound"):
+            parts.append(f"at least {value.lower_bound.value:g}")
+        if value.HasField("upper_bound"):
+            parts.append(f"at most {value.upper_bound.value:g}")
+    else:
+        bounds = threshold.change_threshold
+        side = ("at least" if bounds.direction == tfma.MetricDirection.HIGHER_IS_BETTER
+                else "at most")  # fmt: skip
+        if bounds.HasField("absolute"):
+            parts.append(f"a change of {side} {bounds.absolute.value:+g}")
+        if bounds.HasField("relative"):
+            parts.append(f"a relative change of {side} {bounds.relative.value:+g}")
+    return " and ".join(parts) or " ".join(str(threshold).split())
+
+
+def roc_curve(uri: str) -> list[dict[str, float]]:
+    """The overall slice's ROC points, lowest threshold first: threshold, recall,
+    falsePositiveRate (TFMA's ConfusionMatrixAtThresholds matrices, in camel case)."""
+    from google.protobuf import json_format
+
+    for per_slice in tfma.load_plots(uri):
+        if per_slice.slice_key.single_slice_keys:
+            continue
+        for item in per_slice.plot_keys_and_values:
+            # With a baseline TFMA plots both models; the baseline's is named "baseline".
+            if (item.value.HasField("confusion_matrix_at_thresholds")
+                    and item.key.model_name != tfma.BASELINE_KEY):  # fmt: skip
+                return [
+                    json_format.MessageToDict(m, including_default_value_fields=True)
+                    for m in item.value.confusion_matrix_at_thresholds.matrices
+                ]
+    return []
+
+
+def serving_confusion_matrix(uri: str) -> dict[str, float]:
+    """The overall confusion matrix at SERVING_THRESHOLD (trueNegatives, falsePositives,
+    falseNegatives, truePositives), the candidate's, not its difference to the baseline."""
+    from google.protobuf import json_format
+
+    for per_slice in tfma.load_metrics(uri):
+        if per_slice.slice_key.single_slice_keys:
+            continue
+        for item in per_slice.metric_keys_and_values:
+            if (item.key.name == "confusion_matrix_at_thresholds" and not item.key.is_diff
+                    and item.key.model_name != tfma.BASELINE_KEY):  # fmt: skip
+                matrices = item.value.confusion_matrix_at_thresholds.matrices
+                return json_format.MessageToDict(matrices[0], including_default_value_fields=True)
+    return {}
 
 
 def auc_change(uri: str) -> float | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import importlib.metadata
+import json
 import logging
 import tempfile
 from pathlib import Path
@@ -63,6 +64,16 @@ def push_version(
     return serving_path
 
 
+NOT_PUSHED_REASON_KEY = "not_pushed_reason"  # pushed_model's custom property
+OUTCOME_FILE = "outcome.json"  # in pushed_model: what the registry records of this run
+
+
+def _write_outcome(pushed_model, outcome: dict) -> None:
+    """The outcome as a file of the artifact too: the next step's input must have files (on
+    Kubeflow pipelines/kfp_entrypoint.py stops on an input without any), and it says why."""
+    storage.write_bytes(storage.join(pushed_model.uri, OUTCOME_FILE), json.dumps(outcome).encode())
+
+
 class VersionedPusherExecutor(pusher_executor.Executor):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         pushed_model = artifact_utils.get_single_instance(output_dict["pushed_model"])
@@ -83,7 +94,7 @@ class VersionedPusherExecutor(pusher_executor.Executor):
             outcome["reason"] = "not blessed: " + ("; ".join(verdict["failures"]) or "see the "
                                                    "Evaluator's output")  # fmt: skip
             registry.record_trained(folder, selection["fingerprint"], outcome)
-            self._MarkNotPushed(pushed_model)
+            self._MarkNotPushed(pushed_model, outcome)
             return
         # Another run may have pushed since this one's baseline was read (watch submits spans
         # side by side): a model never compared with what serves now must not replace it.
@@ -98,7 +109,7 @@ class VersionedPusherExecutor(pusher_executor.Executor):
             )
             _log.info("%s", outcome["reason"])
             registry.record_trained(folder, selection["fingerprint"], outcome)
-            self._MarkNotPushed(pushed_model)
+            self._MarkNotPushed(pushed_model, outcome)
             return
         model_path = self.GetModelPath(input_dict)
         # Built before a version number is claimed: a failure here publishes nothing.
@@ -118,6 +129,13 @@ class VersionedPusherExecutor(pusher_executor.Executor):
             _log.info("Deleted versions %s (keep_versions=%d)", deleted,
                       exec_properties["keep_versions"])  # fmt: skip
         self._MarkPushed(pushed_model, pushed_destination=serving_path, pushed_version=str(version))
+        _write_outcome(pushed_model, outcome)
+
+    def _MarkNotPushed(self, model_push, outcome: dict) -> None:
+        """TFX's mark, and why (the run report shows it)."""
+        super()._MarkNotPushed(model_push)
+        model_push.set_string_custom_property(NOT_PUSHED_REASON_KEY, outcome["reason"])
+        _write_outcome(model_push, outcome)
 
     def _extra_files(self, input_dict, exec_properties, model_path: str) -> dict[str, bytes]:
         """TF Serving's warm-up requests from the eval split, and the TFLite edge model when

@@ -63,6 +63,9 @@ def _run_pipeline(args: argparse.Namespace, config: PipelineConfig) -> None:
     console.say(f"Running pipeline {config.pipeline_name!r} (full log: {args.log_path}) ...")
     summary = local_runner.run_pipeline(config, log_path=args.log_path, timings=args.timings)
     console.say(format_summary(summary))
+    report = local_runner.save_report(summary.report_uri, args.log_path)
+    if report:
+        console.say(f"Report: {report} (what the Kubeflow UI shows of a run)")
     served = summary.pushed_path or local_runner.latest_served(config)
     if served and summary.span is not None:
         span_dir = data.span_dir(config.data_root, summary.span)

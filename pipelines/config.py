@@ -216,6 +216,38 @@ RUN_PARAMETERS: dict[str, type] = {
 }
 
 
+# What each run parameter does and what it accepts, for the compiled spec's parameter
+# descriptions (pipelines/kubeflow_runner.py adds the default). tests/test_kubeflow_spec.py
+# checks each stated range against RULES.
+RUN_PARAMETER_HELP: dict[str, str] = {
+    "data_root": "Folder with one sub-folder per data span (`span-N/*.csv`). "
+                 "Allowed: s3://BUCKET/..., gs://BUCKET/... or a local path.",
+    "span": "The span to train on: -1 for the newest complete span, else its number. "
+            "Allowed: -1 or more.",
+    "window_spans": "How many spans, up to the chosen one, the Trainer reads. Allowed: 1 to 52.",
+    "force": "1: train, evaluate and maybe push even if these spans were trained on before. "
+             "Allowed: 0 or 1.",
+    "train_steps": "Training steps in all, split evenly over the epochs. Allowed: 1 or more.",
+    "epochs": "Epochs the training steps are split into; early stopping may end sooner. "
+              "Allowed: 1 or more.",
+    "max_train_minutes": "Training stops after this long, keeping its best weights. "
+                         "Allowed: 0.1 to 10080.",
+    "min_auc": "A model whose AUC on the eval split is below this is not pushed. "
+               "Allowed: 0 to 1.",
+    "min_accuracy": "A model whose accuracy on the eval split is below this is not pushed. "
+                    "Allowed: 0 to 1.",
+    "max_auc_drop": "How far the AUC may fall below the served model's on the same data "
+                    "(and below the best version's) before the model is not pushed. "
+                    "Allowed: 0 to 1.",
+    "serving_root": "Folder TF Serving loads from: `<serving_root>/<model_name>/<version>/`. "
+                    "Allowed: s3://BUCKET/..., gs://BUCKET/... or a local path.",
+    "model_name": "The served model's name, one folder under serving_root. Allowed: letters, "
+                  "digits, '.', '_', '-', starting with a letter or digit.",
+    "beam_args": "Beam options as a JSON list, for StatisticsGen, Transform and the Evaluator "
+                 "(README.md, Speed and scale). Allowed: options starting with '--'.",
+}  # fmt: skip
+
+
 def check_run_parameters(step: str, values: Mapping[str, Any]) -> None:
     """Raises ConfigError naming each run parameter of `step` that breaks a config rule.
 

@@ -30,6 +30,7 @@ LOCAL_ROOT_ENV = "KFP_LOCAL_ARTIFACT_ROOT"
 _SCHEME_FOLDERS = {"s3://": "s3", "gs://": "gcs", "minio://": "minio"}
 INVOCATION_FLAG = "--json_serialized_invocation_args"
 INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
+STEP_FLAG = "--step_name"  # ours (pipelines/kubeflow_runner.py): the pipeline node's id
 EXECUTOR_FLAG = "--executor_class_path"
 EXECUTOR_STARTS = "starts: imports done"
 # A run parameter added by pipelines/kubeflow_runner.py: Beam options as a JSON list of strings.

@@ -29,6 +29,7 @@ import yaml
 
 from pipelines.config import (
     GPU_RESOURCE,
+    RUN_PARAMETER_HELP,
     RUN_PARAMETERS,
     SECRET_KEYS,
     SPEC_PATH,
@@ -68,11 +69,13 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
     for name, parameter in spec["root"]["inputDefinitions"]["parameters"].items():
         if name in RUN_PARAMETERS:
             parameter["defaultValue"] = RUN_PARAMETERS[name](getattr(config, name))
+            parameter["description"] = _description(name, parameter["defaultValue"])
     for step in UNCACHED_STEPS:
         spec["root"]["dag"]["tasks"][step]["cachingOptions"] = {"enableCache": False}
     if config.trainer_retries:
         spec["root"]["dag"]["tasks"][TRAINER]["retryPolicy"] = trainer_retry_policy(config)
     _beam_args_as_parameter(spec, config)
+    _step_names_as_arguments(spec)
     _tasks_as_dns_labels(spec)
 
     executors = spec["deploymentSpec"]["executors"]
@@ -98,6 +101,17 @@ def compile_documents(config: PipelineConfig) -> tuple[dict[str, Any], dict[str,
     return spec, _platform_spec(config, executors, trainer_executor)
 
 
+def _description(name: str, default: Any) -> str:
+    """ParameterSpec.description (pipeline_spec.proto, at most 1024 characters): what the
+    parameter does, what it accepts, its default. The 2.5 backend keeps it; the 2.5 UI's run
+    form does not show it (frontend/src/components/NewRunParametersV2.tsx labels a field with
+    its name and type), so kubeflow/README.md lists the same text."""
+    shown = default if name == "beam_args" else json.dumps(default)  # that one is JSON already
+    text = f"{RUN_PARAMETER_HELP[name]} Default: {shown}."
+    assert len(text) <= 1024, name
+    return text
+
+
 def trainer_retry_policy(config: PipelineConfig) -> dict:
     """The Trainer task's retryPolicy. KFP 2.5 compiles it into an Argo retryStrategy
     (backend/src/v2/compiler/argocompiler/container.go getTaskRetryStrategy): limit =
@@ -119,9 +133,11 @@ def _beam_args_as_parameter(spec: dict, config: PipelineConfig) -> None:
     """
     from pipelines.kfp_entrypoint import BEAM_ARGS_PARAMETER
 
+    default = json.dumps(list(config.beam_args))
     spec["root"]["inputDefinitions"]["parameters"][BEAM_ARGS_PARAMETER] = {
         "parameterType": "STRING",
-        "defaultValue": json.dumps(list(config.beam_args)),
+        "defaultValue": default,
+        "description": _description(BEAM_ARGS_PARAMETER, default),
     }
     for component in spec["components"].values():
         parameters = component.setdefault("inputDefinitions", {}).setdefault("parameters", {})
@@ -132,6 +148,19 @@ def _beam_args_as_parameter(spec: dict, config: PipelineConfig) -> None:
     for executor in spec["deploymentSpec"]["executors"].values():
         args = executor["container"]["args"]
         del args[args.index(INPUTS_SPEC_FLAG) + 2 :]
+
+
+def _step_names_as_arguments(spec: dict) -> None:
+    """Each executor gets `--step_name <node id>`: the name its time is recorded under
+    (components/step_times.py), as the local runner names it."""
+    from pipelines.kfp_entrypoint import STEP_FLAG
+
+    executors = spec["deploymentSpec"]["executors"]
+    for node, task in spec["root"]["dag"]["tasks"].items():
+        label = spec["components"][task["componentRef"]["name"]]["executorLabel"]
+        args = executors[label]["container"]["args"]
+        assert STEP_FLAG not in args, f"two tasks run executor {label}: one step name each"
+        args += [STEP_FLAG, node]
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -187,6 +187,37 @@ def step_progress(total: int) -> Iterator[dict[str, dict]]:
 
 
 @contextlib.contextmanager
+def _step_times_recorded() -> Iterator[None]:
+    """Every executor's outputs carry the step times (components/step_times.py), as on Kubeflow:
+    TFX's executor operators all call python_executor_operator.run_with_executor."""
+    from tfx.orchestration.portable import python_executor_operator as operator
+
+    from components.step_times import timed
+
+    original = operator.run_with_executor
+
+    def run_with_executor(execution_info, executor):
+        return original(execution_info, timed(executor, execution_info.pipeline_node.node_info.id))
+
+    operator.run_with_executor = run_with_executor
+    try:
+        yield
+    finally:
+        operator.run_with_executor = original
+
+
+def save_report(report_uri: str | None, log_path: Path | None) -> Path | None:
+    """The run report (components/run_report.py) copied beside the run's log."""
+    if not report_uri or log_path is None:
+        return None
+    from pipelines import storage
+
+    path = log_path.with_suffix(".report.html")
+    path.write_bytes(storage.read_bytes(report_uri))
+    return path
+
+
+@contextlib.contextmanager
 def logs_to_file(log_path: Path | None) -> Iterator[None]:
     """The libraries' logging (TFX, Beam, absl) at INFO into `log_path` while a pipeline runs;
     the console's handlers then let only the progress lines through (pipelines/console.py).
@@ -244,7 +275,11 @@ def run_pipeline(
     runtime_parameter_utils.substitute_runtime_parameter(pipeline_ir, run_parameter_values(config))
     Path(config.metadata_path).parent.mkdir(parents=True, exist_ok=True)
     last_execution = last_execution_id(config)
-    with logs_to_file(log_path), step_progress(total=len(pipeline.components)) as steps:
+    with (
+        logs_to_file(log_path),
+        step_progress(total=len(pipeline.components)) as steps,
+        _step_times_recorded(),
+    ):
         try:
             tfx.orchestration.LocalDagRunner().run_with_ir(pipeline_ir)
         finally:

@@ -13,6 +13,7 @@ from components.checkpoints import CHECKPOINTS_FOLDER  # noqa: E402
 from components.evaluation import ThresholdEvaluator  # noqa: E402
 from components.example_gen import SpanCsvExampleGen  # noqa: E402
 from components.pusher import VersionedPusher  # noqa: E402
+from components.run_report import RunReport  # noqa: E402
 from components.schema import CuratedSchema  # noqa: E402
 from components.span_selection import TRAIN_KEY, SelectSpans  # noqa: E402
 from components.trainer import TunableTrainer  # noqa: E402
@@ -147,6 +148,14 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             keep_versions=config.keep_versions,
             export_tflite=config.export_tflite,
         ).with_id("Pusher")
+        # What the Kubeflow UI shows of the run (metrics, ROC curve, a report), and `tkp run`.
+        run_report = RunReport(
+            selection=select_spans.outputs["selection"],
+            anomalies=example_validator.outputs["anomalies"],
+            evaluation=evaluator.outputs["evaluation"],
+            blessing=evaluator.outputs["blessing"],
+            pushed_model=pusher.outputs["pushed_model"],
+        ).with_id("RunReport")
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline_name,
         pipeline_root=config.pipeline_root,
@@ -161,6 +170,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             baseline,
             evaluator,
             pusher,
+            run_report,
         ],  # fmt: skip
         enable_cache=True,
         metadata_connection_config=metadata_connection_config,

@@ -22,7 +22,7 @@ _STATES = {
 STEP_ORDER = [
     "SelectSpans",
     "ExampleGen", "StatisticsGen", "CuratedSchema", "ExampleValidator", "Transform", "Trainer",
-    "LatestPushedModel", "Evaluator", "Pusher",
+    "LatestPushedModel", "Evaluator", "Pusher", "RunReport",
 ]  # fmt: skip
 
 
@@ -49,6 +49,7 @@ class RunSummary:
     decision: str = ""
     # What the Trainer reported (components/trainer.py SUMMARY_PROPERTIES).
     training: dict[str, str | int | float] = dataclasses.field(default_factory=dict)
+    report_uri: str | None = None  # the RunReport's HTML page
 
 
 def _store(config: PipelineConfig) -> metadata_store.MetadataStore:
@@ -145,6 +146,8 @@ def read_summary(
     pushed = outputs.get("Pusher", {}).get("pushed_model")
     if pushed is not None and pushed.custom_properties["pushed"].int_value == 1:
         summary.pushed_path = pushed.custom_properties["pushed_destination"].string_value
+    if "report" in outputs.get("RunReport", {}):
+        summary.report_uri = outputs["RunReport"]["report"].uri
     return summary
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from pipelines.kfp_entrypoint import EXECUTOR_FLAG, INPUTS_SPEC_FLAG, INVOCATION_FLAG
+from pipelines.kfp_entrypoint import EXECUTOR_FLAG, INPUTS_SPEC_FLAG, INVOCATION_FLAG, STEP_FLAG
 
 # TFX's Kubeflow V2 executor entry point (tfx/orchestration/kubeflow/v2/container/
 # kubeflow_v2_run_executor.py `_parse_flags` and `_run_executor`, with the parts of
@@ -72,6 +72,8 @@ def _parse_flags(argv: list[str]):
         required=False,
         help="JSON-serialized component inputs spec for this execution.",
     )
+    # Ours, not TFX's: the pipeline node's name, under which the step's time is recorded.
+    parser.add_argument(STEP_FLAG, type=str, required=False, help="The pipeline node's id.")
     return parser.parse_known_args(argv)
 
 
@@ -156,10 +158,16 @@ def load_executor(argv: list[str]):
             executor_context = base_executor.BaseExecutor.Context(
                 extra_flags=beam_args, unique_id=task_unique_id, tmp_dir=tmp_path
             )
-        executor = executor_cls(executor_context)
+        from components.step_times import timed
+
+        executor = timed(executor_cls(executor_context), args.step_name or executor_cls.__name__)
         absl_logging.info("Starting executor")
         executor.Do(inputs, outputs, exec_properties)
-        outputs_utils.tag_output_artifacts_with_version(outputs)
+        # Not the KFP UI's own types: the UI lists every custom property of a system.Metrics
+        # artifact as a metric (MetricsVisualizations.tsx ScalarMetricsSection).
+        outputs_utils.tag_output_artifacts_with_version(
+            {k: v for k, v in outputs.items() if not v or not v[0].TYPE_NAME.startswith("system.")}
+        )
         # TFX's workaround (b/169583143) for ModelBlessing: IDs back to the managed MLMD names.
         evaluator_module = sys.modules.get(_EVALUATOR_EXECUTOR_MODULE)
         if evaluator_module and issubclass(executor_cls, evaluator_module.Executor):
@@ -273,6 +281,10 @@ def _retrieve_class_path(type_schema) -> str:
         title = type_schema.schema_title
     if type_schema.WhichOneof("kind") == "instance_schema":
         title = yaml.safe_load(type_schema.instance_schema).get("title", "tfx.Artifact")
+    if title.startswith("system."):  # ours: the KFP UI's types, not importable by their title
+        from components.kfp_artifacts import CLASS_PATHS
+
+        return CLASS_PATHS[title]
     return compiler_utils.TITLE_TO_CLASS_PATH.get(title, title)
 
 

@@ -25,6 +25,7 @@ from components import features, preprocessing  # noqa: E402
 from components.schema import CuratedSchema  # noqa: E402
 from pipelines.config import REPO_ROOT  # noqa: E402
 from pipelines.object_store import EmbeddedObjectStore  # noqa: E402
+from tests.retraining_loop import loop  # noqa: E402, F401  (shared fixtures)
 from tests.trained_model import trained, transformed  # noqa: E402, F401  (shared fixtures)
 
 # --------------------------------------------------------------------------------------------

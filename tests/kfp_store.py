@@ -40,11 +40,31 @@ def from_mlmd_value(value: Any) -> Any:
     return float(value) if isinstance(value, int) else value
 
 
+def artifact_type_name(artifact_type: dict) -> str:
+    """The MLMD type an output artifact is recorded as: component/launcher_v2.go
+    getArtifactSchema (an instanceSchema as it is, a schemaTitle as `title: <it>`), then
+    metadata/client.go SchemaToArtifactType (the YAML's `title`; none is fatal). The UI draws
+    an artifact by this name (frontend/src/mlmd/MlmdUtils.ts filterLinkedArtifactsByType)."""
+    import yaml
+
+    if "instanceSchema" in artifact_type:
+        schema = artifact_type["instanceSchema"]
+    elif "schemaTitle" in artifact_type:
+        schema = "title: " + artifact_type["schemaTitle"]
+    else:
+        raise ArtifactRecordError(f"unknown artifact type schema {artifact_type}")
+    title = (yaml.safe_load(schema) or {}).get("title")
+    if not title:
+        raise ArtifactRecordError("No title specified")
+    return title
+
+
 @dataclass
 class Artifact:
     id: int
     uri: str
     custom_properties: dict[str, Any]
+    type_name: str = ""
 
 
 @dataclass
@@ -80,9 +100,16 @@ class MetadataStore:
         properties = {k: to_mlmd_value(v) for k, v in runtime_artifact.get("metadata", {}).items()}
         properties.setdefault("display_name", output_name)
         properties.setdefault("store_session_info", self._store_session_info)
+        type_name = artifact_type_name(runtime_artifact["type"])
         artifact_id = len(self.artifacts) + 1
-        self.artifacts[artifact_id] = Artifact(artifact_id, runtime_artifact["uri"], properties)
+        self.artifacts[artifact_id] = Artifact(
+            artifact_id, runtime_artifact["uri"], properties, type_name
+        )
         return artifact_id
+
+    def find(self, uri: str) -> Artifact:
+        """The recorded artifact with this URI."""
+        return next(a for a in self.artifacts.values() if a.uri == uri)
 
     def runtime_artifact(self, artifact_id: int) -> dict:
         """What the driver hands a consumer (driver.go resolveUpstreamArtifacts ->

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from tfx.dsl.components.base import base_executor
 
+from components import step_times
 from pipelines import bench_startup, tfx_v2_executor
 from pipelines.config import REPO_ROOT
 
@@ -154,6 +155,11 @@ def test_the_entry_point_runs_an_executor_as_tfx_own_kubeflow_entry_point_does(t
     assert ours_seen == tfx_seen
     assert tfx_seen["exec_properties"]["span"] == ("int", 3)
     assert tfx_seen["exec_properties"]["input_base"] == ("str", "s3://b/data")
+    # Ours adds one thing: the step's time, handed down to the run report (step_times.py).
+    for listed in written[1]["artifacts"].values():
+        for artifact in listed["artifacts"]:
+            times = json.loads(artifact["metadata"].pop(step_times.STEP_TIMES_KEY))
+            assert list(times) == ["RecordingExecutor"] and times["RecordingExecutor"][1] >= 0
     assert written[1] == written[0]
     (examples,) = written[0]["artifacts"]["examples"]["artifacts"]
     assert examples["name"] == "projects/p/artifacts/43"

@@ -26,11 +26,12 @@ BUCKET = "tfx-pipeline"  # the default config's bucket, created by the CLI's sto
 # Every line `run` may print: progress, the executors' notes, the summary, the predictions.
 RUN_CONSOLE = re.compile(
     r"|Starting embedded object store .*|  listening at .*|Running pipeline .*"
-    r"|\[\d+/10\] \w+ (\.\.\.|finished in .*|skipped after .*)|      \S.*"
+    r"|\[\d+/11\] \w+ (\.\.\.|finished in .*|skipped after .*)|      \S.*"
     r"|Pipeline run summary|-+|  \w+ +(ran|cached) +[\d.]+ s|Data span: \d+|Evaluation \(.*"
     r"|  payment_type=.*|Compared with the served model: .*|Blessed: (yes|NO)"
     r"|Training: \d+ steps on \d+ replica\(s\), \d+ worker\(s\), [\d,]+ examples/s.*"
-    r"|  failed threshold: .*|Pushed: .*|Predictions of .*|  payment_type +fare +miles .*"
+    r"|  failed threshold: .*|Pushed: .*|Report: .*|Predictions of .*"
+    r"|  payment_type +fare +miles .*"
     r"|  [A-Za-z ]+ +[\d.]+ +[\d.]+ +[\d.]+ +[01]|Object store left running at .*"
     r"|Done in [\d.]+ s\."
 )
@@ -83,7 +84,8 @@ def test_a_user_session_store_run_add_span_compile(tmp_path, monkeypatch, cli_in
         assert run.stderr == ""
         unexpected = [line for line in run.stdout.splitlines() if not RUN_CONSOLE.fullmatch(line)]
         assert unexpected == [], run.stdout  # e.g. Keras' epoch lines, TensorFlow's C++ lines
-        assert "[10/10] Pusher finished in" in run.stdout
+        assert "[10/11] Pusher finished in" in run.stdout
+        assert "[11/11] RunReport finished in" in run.stdout
         assert "Data span: 0" in run.stdout
         assert (
             f"Predictions of s3://{BUCKET}/serving/taxi-tips/1 on the first rows of "
@@ -93,6 +95,9 @@ def test_a_user_session_store_run_add_span_compile(tmp_path, monkeypatch, cli_in
         assert log_path.parent == tmp_path / "logs"
         log = log_path.read_text()
         assert "ExampleGen: reading span 0" in log
+        report = log_path.with_suffix(".report.html")  # the page Kubeflow's UI shows
+        assert f"Report: {report} " in run.stdout
+        assert "Pushed: version 1" in report.read_text()
         assert "Warning" in log or "WARNING" in log  # the libraries' warnings went here
         assert "Object store left running at" in run.stdout
         kept_pid = store_pid(tmp_path)

@@ -134,7 +134,7 @@ def _blessing(tmp_path, blessed: bool) -> standard_artifacts.ModelBlessing:
     blessing.set_int_custom_property("blessed", int(blessed))
     verdict = {
         "metrics": {"overall": {"auc": 0.8, "binary_accuracy": 0.75}},
-        "failures": [] if blessed else ["auc value 0.6000 fails {lower_bound 0.75}"],
+        "failures": [] if blessed else ["auc value 0.6000 fails: must be at least 0.75"],
         "auc_change": None,
         "quality_index": 0.0,
     }

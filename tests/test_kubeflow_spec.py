@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -13,10 +14,18 @@ from google.protobuf import json_format
 from kfp.kubernetes import kubernetes_executor_config_pb2
 
 from components import registry
+from components.evaluation import ROC_THRESHOLDS, VERDICT_FILE
 from components.registry import complete_versions as pushed_versions
 from components.registry import versions_dir as serving_model_dir
 from pipelines import data, kubeflow_runner, serving, storage
-from pipelines.config import REPO_ROOT, SECRET_KEYS, PipelineConfig
+from pipelines.config import (
+    REPO_ROOT,
+    RULES,
+    RUN_PARAMETER_HELP,
+    RUN_PARAMETERS,
+    SECRET_KEYS,
+    PipelineConfig,
+)
 from tests import kfp_harness
 
 
@@ -212,6 +221,7 @@ def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_bles
     assert storage.read_bytes(first.outputs("trainer")["executor-logs"]["uri"])  # the step's log
     versions = pushed_versions(serving_model_dir(serving_root, "taxi-tips"))
     assert list(versions) == [1]
+    assert "Pushed: version 1" in _check_run_report(backend, first, pushed_version=1)
     assert registry.served_version(serving_model_dir(serving_root, "taxi-tips"), "taxi-tips") == 1
     rows = serving.read_rows(storage.list_files(data_root + "/span-0/*.csv")[0], 200)
     probabilities = np.array(serving.predict(versions[1], rows))
@@ -248,7 +258,82 @@ def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_bles
     assert baseline["baseline_version"] == 1
     assert third.outputs("evaluator")["blessing"]["metadata"]["blessed"] == 0
     assert third.outputs("pusher")["pushed_model"]["metadata"]["pushed"] == 0
+    page = _check_run_report(backend, third, pushed_version=0)
+    assert "Not pushed: not blessed" in page and "auc" in page
     assert list(pushed_versions(serving_model_dir(serving_root, "taxi-tips"))) == [1]
+
+
+def _check_run_report(backend, run, pushed_version: int) -> str:
+    """The run-report task's outputs as KFP 2.5 records them: the MLMD types the UI draws, the
+    metrics equal to the Evaluator's, the ROC points and confusion matrix in the shapes the UI
+    reads (MetricsVisualizations.tsx: `confidenceMetrics.list`, `confusionMatrix.struct`); returns
+    the HTML page, read from the object at the report's URI as the UI's /artifacts/get does."""
+    outputs = run.outputs("run-report")
+    recorded = {key: backend.metadata.find(outputs[key]["uri"])
+                for key in ("metrics", "classification_metrics", "report")}  # fmt: skip
+    assert {key: a.type_name for key, a in recorded.items()} == {
+        "metrics": "system.Metrics",
+        "classification_metrics": "system.ClassificationMetrics",
+        "report": "system.HTML",
+    }
+    # The Evaluator's metrics as it recorded them in its blessing (TFMA's own files are read
+    # through TensorFlow's s3 client, which fails against this store: kubeflow/README.md).
+    blessing = run.outputs("evaluator")["blessing"]["uri"]
+    overall = json.loads(storage.read_bytes(f"{blessing}/{VERDICT_FILE}"))["metrics"]["overall"]
+    metrics = recorded["metrics"].custom_properties
+    # Nothing but metrics in the UI's table (besides the launcher's own two keys).
+    assert set(metrics) - {"display_name", "store_session_info"} <= {
+        "auc", "accuracy", "example_count", "baseline_auc", "auc_change", "blessed",
+        "pushed_version", "span",
+    }  # fmt: skip
+    assert metrics["auc"] == pytest.approx(overall["auc"])
+    assert metrics["accuracy"] == pytest.approx(overall["binary_accuracy"])
+    assert metrics["example_count"] == overall["example_count"]
+    assert metrics["pushed_version"] == pushed_version
+    curves = recorded["classification_metrics"].custom_properties
+    points = curves["confidenceMetrics"]["list"]
+    assert len(points) == ROC_THRESHOLDS + 2 and all(
+        isinstance(p[k], float) for p in points
+        for k in ("confidenceThreshold", "recall", "falsePositiveRate")
+    )  # fmt: skip
+    rows = [row["row"] for row in curves["confusionMatrix"]["struct"]["rows"]]
+    assert len(rows) == 2 and sum(map(sum, rows)) == overall["example_count"]
+    assert (rows[0][0] + rows[1][1]) / overall["example_count"] == pytest.approx(
+        overall["binary_accuracy"]
+    )
+    return storage.read_bytes(outputs["report"]["uri"]).decode()
+
+
+# What each text rule's "Allowed:" excludes, one example each.
+REFUSED = {"data_root": "http://host/data", "serving_root": "", "model_name": "..",
+           "beam_args": ("direct_num_workers=2",)}  # fmt: skip
+
+
+def test_every_run_parameter_says_what_it_does_its_range_and_default(documents):
+    """The spec's ParameterSpec.description (pipeline_spec.proto field 5, which the strict load
+    above accepts); each stated range is the one the config's rules enforce, and
+    kubeflow/README.md's table says the same."""
+    parameters = documents[0]["root"]["inputDefinitions"]["parameters"]
+    assert set(parameters) == set(RUN_PARAMETER_HELP)
+    for name, parameter in parameters.items():
+        default = parameter["defaultValue"]
+        shown = default if name == "beam_args" else json.dumps(default)
+        assert parameter["description"] == f"{RUN_PARAMETER_HELP[name]} Default: {shown}."
+        allowed = RUN_PARAMETER_HELP[name].rsplit("Allowed: ", 1)[1].rstrip(".")
+        kind, rule = RUN_PARAMETERS.get(name, str), RULES[name]
+        bounds = re.fullmatch(r"(-?[\d.]+) (to|or) (-?[\d.]+|more)", allowed)
+        if bounds is None:  # a text rule: its example of what it refuses is refused
+            assert rule(name, REFUSED[name]) is not None, name
+            continue
+        low, high = kind(bounds.group(1)), bounds.group(3)
+        step = 1 if kind is int else 0.01
+        assert rule(name, low) is None and rule(name, low - step) is not None, name
+        if high != "more":
+            assert rule(name, kind(high)) is None and rule(name, kind(high) + step), name
+    readme = (REPO_ROOT / "kubeflow" / "README.md").read_text()
+    table = readme.split("<!-- run-parameters:", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*) \|$", table, flags=re.M))
+    assert rows == RUN_PARAMETER_HELP
 
 
 def test_harness_evaluates_trigger_conditions_as_the_2_5_driver_does():

@@ -1,8 +1,8 @@
 """The whole pipeline with LocalDagRunner against a real SeaweedFS server on loopback.
 
-The `loop` fixture drives the retraining loop span by span and records what it saw; every test
-that needs a served model asks for it, and the tests that write data use folders of their own,
-so the tests pass in any order and alone.
+The `loop` fixture (tests/retraining_loop.py) drives the retraining loop span by span and
+records what it saw; every test that needs a served model asks for it, and the tests that write
+data use folders of their own, so the tests pass in any order and alone.
 """
 
 from __future__ import annotations
@@ -10,12 +10,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import re
-import signal
-import subprocess
-import sys
-import time
-import types
 
 import numpy as np
 import pytest
@@ -26,101 +20,16 @@ from components.checkpoints import CHECKPOINTS_FOLDER
 from components.example_gen import ExampleGenInputError
 from components.registry import complete_versions as pushed_versions
 from components.validation import DataValidationError
-from pipelines import data, models, serving, storage
-from pipelines.config import DEFAULT_DRIFT, PipelineConfig
+from pipelines import data, serving, storage
+from pipelines.config import PipelineConfig
 from pipelines.errors import actionable_cause
 from pipelines.local_runner import run_pipeline
 from pipelines.run_summary import format_summary
-from tests.trained_model import scalar_steps
+from tests.retraining_loop import loop_config
 
 
 def states(summary) -> dict[str, str]:
     return {step.name: step.state for step in summary.steps}
-
-
-def _config(bucket: str, work, data_folder: str = "data", **overrides) -> PipelineConfig:
-    values = dict(
-        data_root=f"s3://{bucket}/{data_folder}",
-        serving_root=f"s3://{bucket}/serving",
-        pipeline_root=str(work / "pipeline_root"),
-        metadata_path=str(work / "metadata.sqlite"),
-        train_steps=300,
-        eval_steps=20,
-        epochs=2,
-        min_auc=0.7,
-        min_accuracy=0.6,
-        max_auc_drop=0.05,
-    )
-    return PipelineConfig(**{**values, **overrides})
-
-
-_SET_BY_TEST = ("data_root", "serving_root", "pipeline_root", "metadata_path", "train_steps",
-                "eval_steps", "epochs", "min_auc", "min_accuracy", "max_auc_drop")  # fmt: skip
-
-
-def _kill_a_run_once_training_is_backed_up(config: PipelineConfig, work) -> int:
-    """Starts `tkp run` with `config`, SIGKILLs it once the Trainer's first backup is complete,
-    and returns the step the backup holds."""
-    settings = [f"--set={name}={getattr(config, name)}" for name in _SET_BY_TEST]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "run", *settings],
-        env={**os.environ, "PIPELINE_WORK_DIR": str(work)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    index = os.path.join(config.pipeline_root, CHECKPOINTS_FOLDER, "*", "chief", "checkpoint")
-    try:
-        deadline = time.monotonic() + 600
-        while not glob.glob(index) and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert glob.glob(index), f"no backup after {time.monotonic() - deadline + 600:.0f} s"
-    finally:
-        process.kill()
-        process.wait(60)
-    steps = re.findall(r"ckpt-(\d+)", open(glob.glob(index)[0]).read())
-    assert process.returncode == -signal.SIGKILL and steps
-    return int(steps[-1])
-
-
-@pytest.fixture(scope="module")
-def loop(object_store, tmp_path_factory) -> types.SimpleNamespace:
-    """The retraining loop as a user lives it, one span after another: span 0 gives version 1;
-    span 0 again trains nothing; span 1 gives version 2; span 2, drifted, stops at validation;
-    span 3, with broken labels, is not blessed and version 2 keeps serving; a rollback serves
-    version 1 again. Each test below checks one stage of what this saw."""
-    bucket = object_store.new_bucket("e2e")
-    config = _config(bucket, tmp_path_factory.mktemp("e2e"))
-    seen = types.SimpleNamespace(bucket=bucket, config=config)
-
-    def served() -> int | None:
-        return registry.served_version(config.serving_model_dir, config.model_name)
-
-    data.write_span(config.data_root, 0, 4000)
-    # `tkp run` is killed (SIGKILL) once its Trainer has backed up epoch 1; running the
-    # pipeline again resumes the training there instead of starting over.
-    seen.killed_at = _kill_a_run_once_training_is_backed_up(
-        config, tmp_path_factory.mktemp("killed")
-    )
-    seen.first = run_pipeline(config)
-    model_runs = glob.glob(os.path.join(config.pipeline_root, "Trainer", "model_run", "*"))
-    seen.first_logged_steps = scalar_steps(max(model_runs, key=lambda p: int(os.path.basename(p))))
-    seen.served_after_first = served()
-    seen.again = run_pipeline(config)
-    seen.versions_after_again = set(pushed_versions(config.serving_model_dir))
-    data.write_span(config.data_root, 1, 4000)
-    seen.second = run_pipeline(config)
-    seen.served_after_second = served()
-    data.write_span(config.data_root, 2, 4000, drift=DEFAULT_DRIFT)
-    with pytest.raises(Exception) as raised:
-        run_pipeline(config)
-    seen.drift_error = actionable_cause(raised.value)
-    seen.served_after_drift = served()
-    data.write_span(config.data_root, 3, 4000, label_noise=0.6)
-    seen.noisy = run_pipeline(config)
-    seen.served_after_noisy = served()
-    seen.rollback = models.rollback(config, None)
-    seen.served_after_rollback = served()
-    seen.listing = models.list_versions(config)
-    return seen
 
 
 def test_first_span_ends_with_a_pushed_model_that_answers(loop):
@@ -218,7 +127,7 @@ def test_each_gate_can_stop_a_candidate_and_a_relaxed_gate_lets_it_through(loop,
     the AUC-drop gate stops it, then (forced to train again) the accuracy gate, then with both
     relaxed it is pushed and served."""
     config = dataclasses.replace(
-        _config(loop.bucket, tmp_path, data_folder="gate"),
+        loop_config(loop.bucket, tmp_path, data_folder="gate"),
         train_steps=1, epochs=1, learning_rate=1e-6,  # an untrained candidate
         min_auc=0.0, min_accuracy=0.0, max_auc_drop=0.05,
     )  # fmt: skip
@@ -248,7 +157,7 @@ def test_each_gate_can_stop_a_candidate_and_a_relaxed_gate_lets_it_through(loop,
 
 def _bad_span_config(loop, tmp_path, name: str) -> PipelineConfig:
     """Data of its own; the serving directory of the served model, which must stay as it is."""
-    return _config(loop.bucket, tmp_path, data_folder=f"bad-{name}")
+    return loop_config(loop.bucket, tmp_path, data_folder=f"bad-{name}")
 
 
 def _write_csv(config: PipelineConfig, span: int, body: bytes) -> str:

@@ -1,0 +1,113 @@
+"""The retraining loop as a user lives it, run once per test session and shared by the test
+modules that check what it saw (tests/test_pipeline_e2e.py, tests/test_run_report.py)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from components import registry
+from components.checkpoints import CHECKPOINTS_FOLDER
+from components.registry import complete_versions as pushed_versions
+from pipelines import data, models
+from pipelines.config import DEFAULT_DRIFT, PipelineConfig
+from pipelines.errors import actionable_cause
+from pipelines.local_runner import run_pipeline
+from pipelines.run_summary import latest_step_outputs
+from tests.trained_model import scalar_steps
+
+
+def loop_config(bucket: str, work, data_folder: str = "data", **overrides) -> PipelineConfig:
+    values = dict(
+        data_root=f"s3://{bucket}/{data_folder}",
+        serving_root=f"s3://{bucket}/serving",
+        pipeline_root=str(work / "pipeline_root"),
+        metadata_path=str(work / "metadata.sqlite"),
+        train_steps=300,
+        eval_steps=20,
+        epochs=2,
+        min_auc=0.7,
+        min_accuracy=0.6,
+        max_auc_drop=0.05,
+    )
+    return PipelineConfig(**{**values, **overrides})
+
+
+_SET_BY_TEST = ("data_root", "serving_root", "pipeline_root", "metadata_path", "train_steps",
+                "eval_steps", "epochs", "min_auc", "min_accuracy", "max_auc_drop")  # fmt: skip
+
+
+def _kill_a_run_once_training_is_backed_up(config: PipelineConfig, work) -> int:
+    """Starts `tkp run` with `config`, SIGKILLs it once the Trainer's first backup is complete,
+    and returns the step the backup holds."""
+    settings = [f"--set={name}={getattr(config, name)}" for name in _SET_BY_TEST]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "run", *settings],
+        env={**os.environ, "PIPELINE_WORK_DIR": str(work)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    index = os.path.join(config.pipeline_root, CHECKPOINTS_FOLDER, "*", "chief", "checkpoint")
+    try:
+        deadline = time.monotonic() + 600
+        while not glob.glob(index) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert glob.glob(index), f"no backup after {time.monotonic() - deadline + 600:.0f} s"
+    finally:
+        process.kill()
+        process.wait(60)
+    steps = re.findall(r"ckpt-(\d+)", open(glob.glob(index)[0]).read())
+    assert process.returncode == -signal.SIGKILL and steps
+    return int(steps[-1])
+
+
+@pytest.fixture(scope="session")
+def loop(object_store, tmp_path_factory) -> types.SimpleNamespace:
+    """The retraining loop as a user lives it, one span after another: span 0 gives version 1;
+    span 0 again trains nothing; span 1 gives version 2; span 2, drifted, stops at validation;
+    span 3, with broken labels, is not blessed and version 2 keeps serving; a rollback serves
+    version 1 again. Each test below checks one stage of what this saw."""
+    bucket = object_store.new_bucket("e2e")
+    config = loop_config(bucket, tmp_path_factory.mktemp("e2e"))
+    seen = types.SimpleNamespace(bucket=bucket, config=config)
+
+    def served() -> int | None:
+        return registry.served_version(config.serving_model_dir, config.model_name)
+
+    data.write_span(config.data_root, 0, 4000)
+    # `tkp run` is killed (SIGKILL) once its Trainer has backed up epoch 1; running the
+    # pipeline again resumes the training there instead of starting over.
+    seen.killed_at = _kill_a_run_once_training_is_backed_up(
+        config, tmp_path_factory.mktemp("killed")
+    )
+    seen.first = run_pipeline(config)
+    seen.first_report = latest_step_outputs(config, "RunReport")
+    model_runs = glob.glob(os.path.join(config.pipeline_root, "Trainer", "model_run", "*"))
+    seen.first_logged_steps = scalar_steps(max(model_runs, key=lambda p: int(os.path.basename(p))))
+    seen.served_after_first = served()
+    seen.again = run_pipeline(config)
+    seen.versions_after_again = set(pushed_versions(config.serving_model_dir))
+    data.write_span(config.data_root, 1, 4000)
+    seen.second = run_pipeline(config)
+    seen.second_report = latest_step_outputs(config, "RunReport")
+    seen.served_after_second = served()
+    data.write_span(config.data_root, 2, 4000, drift=DEFAULT_DRIFT)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(config)
+    seen.drift_error = actionable_cause(raised.value)
+    seen.served_after_drift = served()
+    data.write_span(config.data_root, 3, 4000, label_noise=0.6)
+    seen.noisy = run_pipeline(config)
+    seen.noisy_report = latest_step_outputs(config, "RunReport")
+    seen.served_after_noisy = served()
+    seen.rollback = models.rollback(config, None)
+    seen.served_after_rollback = served()
+    seen.listing = models.list_versions(config)
+    return seen
