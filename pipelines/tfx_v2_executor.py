@@ -284,7 +284,7 @@ def _retrieve_class_path(type_schema) -> str:
     if title.startswith("system."):  # ours: the KFP UI's types, not importable by their title
         from components.kfp_artifacts import CLASS_PATHS
 
-        return CLASS_PATHS[title]
+        return CLASS_PATHS.get(title, title)
     return compiler_utils.TITLE_TO_CLASS_PATH.get(title, title)
 
 
