@@ -3,10 +3,10 @@
 A step's output artifacts carry `step_times`, a JSON object {step: [start, seconds]} (start: Unix
 time when its executor began; seconds: how long it took), holding the step's own entry and those
 its input artifacts carry. A step served from a cache hands on the entry of the run that made
-its outputs; its start gives it away. Both runners call `timed`
-around every executor (stock ones too): pipelines/local_runner.py through TFX's executor
-operator, pipelines/tfx_v2_executor.py on Kubeflow, where no step can read another's execution
-from ML Metadata. On Kubeflow the times leave out each pod's start-up.
+its outputs; its start gives it away. Both runners call `timed` around every executor (stock
+ones too): pipelines/local_runner.py through TFX's executor operator, pipelines/tfx_v2_executor.py
+on Kubeflow, where no step can read another's execution from ML Metadata. On Kubeflow the times
+leave out each pod's start-up.
 """
 
 from __future__ import annotations
