@@ -12,6 +12,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from components.beam_dependencies import workers_are_local
+from pipelines.bench import TINY
 from pipelines.config import REPO_ROOT, PipelineConfig, parse_assignments
 from tests import cli_process
 
@@ -54,7 +55,10 @@ def test_bench_tiny_runs_every_part_and_reports_it(tmp_path):
     assert all(step["seconds"] > 0 and step["ran"] for step in run["steps"].values())
     assert run["steps"]["Trainer"]["peak_gb"] > 0.2  # TensorFlow alone takes more
     default = results["default_run"]
-    assert default["first_pushed"] and default["new_span_pushed"]  # min_auc=0: both blessed
+    # bench.TINY's gate refuses no model (it once kept the default max_auc_drop=0.01, and a
+    # 40-step model fell 0.016 below the one before it): both runs push, whatever the training.
+    assert {"min_auc": "0", "min_accuracy": "0", "max_auc_drop": "1"}.items() <= TINY.items()
+    assert default["first_pushed"] and default["new_span_pushed"]
     assert default["nothing_new_fraction"] < 0.5
     assert set(results["stock"]["steps"]) >= {"CsvExampleGen", "Transform", "Evaluator"}
     assert results["stock"]["pushed"]

@@ -23,7 +23,9 @@ def test_exported_model_scores_raw_examples(trained, to_examples):
     assert outputs["outputs"].dtype == tf.float32
     assert probabilities.shape == (EVAL_ROWS, 1)
     assert ((probabilities >= 0) & (probabilities <= 1)).all()
-    # The generator's label is learnable: payment type alone separates most of it.
+    # The generator's label is learnable: payment type alone separates most of it. The shared
+    # model is trained from seed 0 (0.843 in 7 runs of 7); from 7 other seeds 0.843-0.858; as
+    # initialised, untrained, at most 0.66 (300 seeds).
     auc = roc_auc_score(eval_frame[features.LABEL_KEY], probabilities[:, 0])
     assert auc > 0.75, auc
 

@@ -26,6 +26,13 @@ from pipelines import bench_training, gpu_check
 from pipelines.config import PipelineConfig
 from tests.trained_model import fn_args_for, scalar_steps
 
+# An AUC on the test data (300 eval rows) that every trained model here clears and no untrained
+# one reaches. Measured in 13 runs each: one worker, 40 steps, 0.828-0.873; two workers
+# 0.827-0.847; 400 steps, resumed 0.816-0.855, uninterrupted 0.805-0.850 (so the bound is 0.055
+# below the lowest, 5 standard deviations or more below each mean); the model as initialised
+# (300 seeds): 0.33-0.66, median 0.50.
+TRAINED_AUC = 0.75
+
 
 def _artifact(kind, uri):
     artifact = kind()
@@ -93,12 +100,11 @@ def test_two_workers_train_a_model_as_good_as_one_worker(transformed, tmp_path, 
     assert summary["strategy"] == "multi_worker"
     assert (summary["workers"], summary["replicas"], summary["steps"]) == (2, 2, 40)
     assert two[1]["model_run"][0].get_int_custom_property("replicas") == 2
-    # Tolerance: the same steps with twice the examples each and sqrt(2) x the learning rate
-    # land on a model of about the same quality on this data; 0.05 AUC is well below the gap
-    # to an untrained model (about 0.5).
+    # As good: both clear TRAINED_AUC, which no untrained model reaches and every trained one
+    # clears by far. Two trainings differ by their noise, so their difference is no measure:
+    # it reached 0.041 in 13 runs, too close to any tolerance that still means "as good".
     single, double = (_auc(_serving_dir(o), eval_frame, to_examples) for o in (one[1], two[1]))
-    assert abs(single - double) < 0.05, (single, double)
-    assert double > 0.75
+    assert single > TRAINED_AUC and double > TRAINED_AUC, (single, double)
     assert not _workers_of_this_test()
 
 
@@ -171,10 +177,10 @@ def test_killed_training_resumes_from_its_backup_and_ends_as_good(
         _auc(_serving_dir(o), transformed[2], to_examples) for o in (second[1], whole[1])
     )
     # As good, not equal: after the resume the data comes in another order, and this small
-    # model overfits 200 steps of test data, so two uninterrupted runs already differ by up to
-    # ~0.05 AUC (CI saw 0.81 against 0.86). Resuming at step 0 instead would also pass this, but
-    # not the step counter checked above.
-    assert resumed > 0.75 and resumed > uninterrupted - 0.08, (resumed, uninterrupted)
+    # model overfits 400 steps of test data, so two trainings differ by a few hundredths of AUC
+    # either way. Both clear TRAINED_AUC: if neither does, the model changed, not the resume.
+    # Resuming at step 0 instead would also pass this, but not the step counter checked above.
+    assert resumed > TRAINED_AUC and uninterrupted > TRAINED_AUC, (resumed, uninterrupted)
 
 
 def _worker_job(inputs, outputs, properties) -> dict:
