@@ -29,9 +29,10 @@ from pipelines.config import REPO_ROOT, SPEC_PATH, WORK_DIR, PipelineConfig
 BENCH_WORK = WORK_DIR / "bench"
 REPORT_DIR = REPO_ROOT / "bench"
 # What `tkp bench --tiny` changes: seconds instead of minutes, so a test keeps every part working.
-# Its gate lets every model through (no AUC or accuracy is below 0, no AUC change below -1): a
-# model trained 40 steps on 1,000 rows differs from the one before it by a couple of hundredths
-# of AUC either way, and the default max_auc_drop of 0.01 would refuse it in some runs only.
+# Its gate refuses none of the bench's models (no AUC or accuracy is below 0, no AUC change
+# below -1, and its second model follows the first, so the slide check's floor is -1): a model
+# trained 40 steps on a 2,000-row span differs from the one before it by a couple of hundredths
+# of AUC either way, and the default max_auc_drop of 0.01 refused it in some runs only.
 TINY = {"train_steps": "40", "eval_steps": "5", "epochs": "1",
         "min_auc": "0", "min_accuracy": "0", "max_auc_drop": "1"}  # fmt: skip
 STEP_DONE = re.compile(r"\[\d+/\d+\] \w+ (finished in|FAILED after) ")

@@ -178,8 +178,9 @@ def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_bles
         "train_steps": 300,
         "epochs": 3,  # a backup per epoch: preempted after 1, killed after 2, done after 3
         # Far below what this training reaches: AUC 0.895-0.904, accuracy 0.844-0.865 over 5
-        # runs of the same data and settings (the local runner; resuming costs no quality,
-        # tests/test_training.py), so only a broken step can fail the first run's gate.
+        # runs of the same data and settings with the local runner (a resumed training clears
+        # the same bound as an uninterrupted one, tests/test_training.py), so only a broken
+        # step can fail the first run's gate.
         "min_auc": 0.7,
         "min_accuracy": 0.6,
     }

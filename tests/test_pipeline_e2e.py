@@ -41,7 +41,6 @@ def test_first_span_ends_with_a_pushed_model_that_answers(loop):
     # The gate decided by the values it recorded, which clear its bars by far (loop_config).
     assert_gate_agrees(summary, config)
     assert summary.blessed is True
-    assert summary.metrics["overall"]["auc"] > config.min_auc
     training = summary.training
     assert (training["strategy"], training["replicas"], training["workers"]) == ("one_device", 1, 1)
     assert 0 < training["steps"] <= config.train_steps and training["examples_per_second"] > 0
@@ -65,7 +64,7 @@ def test_first_span_ends_with_a_pushed_model_that_answers(loop):
     labels = np.array([int(row["big_tipper"]) for row in rows])
     assert probabilities.shape == (400,)
     assert ((probabilities >= 0) & (probabilities <= 1)).all()
-    assert roc_auc_score(labels, probabilities) > 0.7
+    assert roc_auc_score(labels, probabilities) > 0.7  # 0.922-0.929 in 10 loops
     # TF Serving's warm-up requests ride along in the version (components/warmup.py).
     assert storage.list_files(f"{summary.pushed_path}/{warmup.WARMUP_PATH}")
     record = registry.read_record(config.serving_model_dir, 1)
@@ -145,7 +144,7 @@ def test_each_gate_can_stop_a_candidate_and_a_relaxed_gate_lets_it_through(loop,
     assert_gate_agrees(dropped, config)
     assert dropped.baseline_version == served
     # An untrained model ranks no better than chance: as initialised (300 seeds) it reached AUC
-    # 0.50 at the median and 0.66 at most, against the served model's 0.87 (measured over 6
+    # 0.50 at the median and 0.66 at most, against the served model's 0.89 (measured over 10
     # loops: changes of -0.33 to -0.46), so the bar of -0.05 is 0.16 or more away.
     assert dropped.auc_change is not None and dropped.auc_change < -0.05, dropped.metrics
     assert dropped.blessed is False and dropped.pushed_path is None
@@ -161,7 +160,8 @@ def test_each_gate_can_stop_a_candidate_and_a_relaxed_gate_lets_it_through(loop,
     assert inaccurate.validation_failures[0].startswith("binary_accuracy value")
     assert registry.served_version(config.serving_model_dir, config.model_name) == served
 
-    # Nothing can fail now: AUC and accuracy are never below 0, an AUC change never below -1.
+    # Nothing can fail now: AUC and accuracy are never below 0, an AUC change never below -1,
+    # and the served version 1 is the best of its lineage (index 0, so the slide floor is -1).
     accepted_config = dataclasses.replace(forced, max_auc_drop=1.0)
     accepted = run_pipeline(accepted_config)
     assert_gate_agrees(accepted, accepted_config)

@@ -72,6 +72,11 @@ def check_against_the_evaluation(view: dict, summary) -> None:
     assert (tn + tp) / overall["example_count"] == approx(overall["binary_accuracy"])
 
 
+# Which of the loop's runs push and which are refused does not hang on training noise: the
+# loop's bars sit far from what its models measured (tests/retraining_loop.py, loop_config),
+# and tests/test_pipeline_e2e.py checks each verdict against the metrics it recorded.
+
+
 def test_a_pushed_run_reports_what_the_evaluation_found(loop):
     view = ui_view(loop.first_report)
     check_against_the_evaluation(view, loop.first)

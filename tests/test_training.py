@@ -178,7 +178,8 @@ def test_killed_training_resumes_from_its_backup_and_ends_as_good(
     )
     # As good, not equal: after the resume the data comes in another order, and this small
     # model overfits 400 steps of test data, so two trainings differ by a few hundredths of AUC
-    # either way. Both clear TRAINED_AUC: if neither does, the model changed, not the resume.
+    # either way. Both must clear TRAINED_AUC: if only the resumed one misses it, suspect the
+    # resume; if both do, the model changed.
     # Resuming at step 0 instead would also pass this, but not the step counter checked above.
     assert resumed > TRAINED_AUC and uninterrupted > TRAINED_AUC, (resumed, uninterrupted)
 
