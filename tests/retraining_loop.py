@@ -87,7 +87,7 @@ def assert_gate_agrees(summary, config: PipelineConfig) -> None:
     expected = gate_failures(summary, config)
     recorded = [re.match(r"\w+ value|auc change vs baseline|quality would slide", failure)
                 for failure in summary.validation_failures]  # fmt: skip
-    seen = (summary.metrics["overall"], summary.auc_change, summary.validation_failures)
+    seen = (summary.metrics.get("overall"), summary.auc_change, summary.validation_failures)
     assert sorted(m.group(0) for m in recorded if m) == sorted(expected), seen
     assert len(recorded) == len(expected) and summary.blessed is (not expected), seen
     assert (summary.pushed_path is not None) is (not expected), seen
