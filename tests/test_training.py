@@ -29,7 +29,7 @@ from tests.trained_model import fn_args_for, scalar_steps
 # An AUC on the test data (300 eval rows) that every trained model here clears and no untrained
 # one reaches. Measured in 13 runs each: one worker, 40 steps, 0.828-0.873; two workers
 # 0.827-0.847; 400 steps, resumed 0.816-0.855, uninterrupted 0.805-0.850 (so the bound is 0.055
-# below the lowest, 7 standard deviations or more below each mean); the model as initialised
+# below the lowest, about 7 standard deviations or more below each mean); the model as initialised
 # (300 seeds): 0.33-0.66, median 0.50.
 TRAINED_AUC = 0.75
 
