@@ -54,10 +54,12 @@ store: venv
 bench: venv
 	@$(PY) -m pipelines.cli bench $(ARGS)
 
-# The CI recipe is linted too: actionlint, with shellcheck on its run: scripts.
+# The CI recipe is linted too: actionlint, with shellcheck on its run: scripts. lint-imports
+# checks the layering written down in pyproject.toml ([tool.importlinter]).
 lint: venv
 	$(VENV)/bin/ruff check pipelines components tests
 	$(VENV)/bin/ruff format --check pipelines components tests
+	$(VENV)/bin/lint-imports --no-cache
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/actionlint .github/workflows/*.yml
 
 format: venv
@@ -79,11 +81,13 @@ lock:
 clean:
 	rm -rf .work
 
-# Kubeflow: regenerate kubeflow/pipeline.yaml (commit it; a test fails when it is stale). CI
-# compiles with per-commit image tags (PIPELINE_CPU_IMAGE, PIPELINE_GPU_IMAGE) into SPEC.
-SPEC ?= kubeflow/pipeline.yaml
+# Kubeflow: regenerate kubeflow/pipeline-<use case>.yaml, one per shipped use case (commit them;
+# a test fails when one is stale). With SPEC, one spec of the configured use case (use_case,
+# PIPELINE_USE_CASE) goes there: CI compiles with per-commit image tags (PIPELINE_CPU_IMAGE,
+# PIPELINE_GPU_IMAGE). submit and schedule take SPEC, else the configured use case's spec.
+SPEC ?=
 compile: venv
-	@$(PY) -m pipelines.cli compile --output "$(SPEC)" $(ARGS)
+	@$(PY) -m pipelines.cli compile $(if $(SPEC),--output "$(SPEC)",--all-use-cases) $(ARGS)
 
 # Kubeflow: one run of SPEC, and the recurring run (CRON, 5 fields; REPLACE=1 moves an existing
 # one of the same name to SPEC, as CI does after a merge). The endpoint is KFP_ENDPOINT, a
@@ -91,14 +95,14 @@ compile: venv
 CRON ?=
 REPLACE ?=
 submit: venv
-	@$(PY) -m pipelines.cli submit --package "$(SPEC)" $(ARGS)
+	@$(PY) -m pipelines.cli submit $(if $(SPEC),--package "$(SPEC)") $(ARGS)
 
 schedule: venv
 	$(if $(CRON),,$(error CRON is required, e.g. make schedule CRON="0 2 * * *"))
-	@$(PY) -m pipelines.cli schedule --package "$(SPEC)" --cron "$(CRON)" \
+	@$(PY) -m pipelines.cli schedule $(if $(SPEC),--package "$(SPEC)") --cron "$(CRON)" \
 	  $(if $(REPLACE),--replace) $(ARGS)
 
-# Kubeflow: build the step images with podman or docker (pipelines/images.py). BASE=local builds
+# Kubeflow: build the step images with podman or docker (pipelines/kubeflow/images.py). BASE=local builds
 # on a Debian minbase + this machine's Python 3.10 (for machines that reach no image registry);
 # GPU=1 adds the CUDA image; PUSH=1 then pushes them. The tags are the config's cpu_image /
 # gpu_image (PIPELINE_CPU_IMAGE, PIPELINE_GPU_IMAGE).

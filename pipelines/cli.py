@@ -25,24 +25,25 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines, even in the log
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from pipelines import console  # noqa: E402
-from pipelines.config import (  # noqa: E402
+from components.base import console  # noqa: E402
+from components.base.config import (  # noqa: E402
     DEFAULT_DRIFT,
+    FIELDS,
     REPO_ROOT,
-    SPEC_PATH,
     ConfigError,
     PipelineConfig,
     check_values,
     parse_assignments,
+    spec_path,
 )
-from pipelines.errors import ActionableError, actionable_cause  # noqa: E402
+from components.base.errors import ActionableError, actionable_cause  # noqa: E402
 
 
 def cmd_run(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import local_runner
+    from pipelines.local import embedded_store, local_runner
 
     started = time.monotonic()
-    with local_runner.object_store(config, keep=args.keep_store):
+    with embedded_store.object_store(config, keep=args.keep_store):
         local_runner.ensure_data(config)
         unchanged = local_runner.nothing_new(config)
         if unchanged:  # the pipeline would skip every step: say so without loading TFX
@@ -57,8 +58,11 @@ def cmd_run(args: argparse.Namespace, config: PipelineConfig) -> int:
 
 
 def _run_pipeline(args: argparse.Namespace, config: PipelineConfig) -> None:
-    from pipelines import data, local_runner, serving
+    from components.base.use_case import load as load_use_case
+    from pipelines import data
+    from pipelines.local import local_runner
     from pipelines.run_summary import format_summary
+    from pipelines.serving import samples
 
     console.say(f"Running pipeline {config.pipeline_name!r} (full log: {args.log_path}) ...")
     summary = local_runner.run_pipeline(config, log_path=args.log_path, timings=args.timings)
@@ -69,7 +73,10 @@ def _run_pipeline(args: argparse.Namespace, config: PipelineConfig) -> None:
     served = summary.pushed_path or local_runner.latest_served(config)
     if served and summary.span is not None:
         span_dir = data.span_dir(config.data_root, summary.span)
-        console.say("\n" + "\n".join(serving.sample_predictions(served, span_dir)))
+        lines = samples.sample_predictions(
+            served, span_dir, load_use_case(config.use_case), encoding=config.input_encoding
+        )
+        console.say("\n" + "\n".join(lines))
 
 
 def _span_size(args: argparse.Namespace, config: PipelineConfig) -> tuple[int, float]:
@@ -84,13 +91,14 @@ def _span_size(args: argparse.Namespace, config: PipelineConfig) -> tuple[int, f
 
 
 def cmd_add_span(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import data, local_runner
+    from pipelines import data
+    from pipelines.local import embedded_store
 
     rows, drift = _span_size(args, config)
-    with local_runner.object_store(config):
+    with embedded_store.object_store(config):
         span = data.add_next_span(
             config.data_root, rows, seed=config.seed, drift=drift,
-            marker=config.success_marker, label_noise=args.label_noise,
+            marker=config.success_marker, label_noise=args.label_noise, use_case=config.use_case,
         )  # fmt: skip
     noise = f", label noise {args.label_noise}" if args.label_noise else ""
     marker = f", then {config.success_marker}" if config.success_marker else ""
@@ -100,9 +108,10 @@ def cmd_add_span(args: argparse.Namespace, config: PipelineConfig) -> int:
 
 
 def cmd_models(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import local_runner, models
+    from pipelines import models
+    from pipelines.local import embedded_store
 
-    with local_runner.object_store(config):
+    with embedded_store.object_store(config):
         if args.action == "show":
             console.say(models.show_version(config, args.version))
         else:
@@ -111,22 +120,24 @@ def cmd_models(args: argparse.Namespace, config: PipelineConfig) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import local_runner, models
+    from pipelines import models
+    from pipelines.local import embedded_store
 
-    with local_runner.object_store(config):
+    with embedded_store.object_store(config):
         console.say(models.rollback(config, args.version))
     return 0
 
 
 def cmd_serve(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import local_runner, serve
-    from pipelines.config import WORK_DIR
-    from pipelines.model_server import ModelManager
+    from components.base.config import WORK_DIR
+    from pipelines.local import embedded_store
+    from pipelines.serving import serve
+    from pipelines.serving.model_server import ModelManager
 
     cache = (
         Path(args.cache_dir) if args.cache_dir else serve.cache_dir_for(WORK_DIR, config.model_name)
     )
-    with local_runner.object_store(config):
+    with embedded_store.object_store(config):
         manager = ModelManager(
             config.model_name, config.serving_model_dir, cache, args.poll_seconds
         )
@@ -136,15 +147,16 @@ def cmd_serve(args: argparse.Namespace, config: PipelineConfig) -> int:
 
 
 def cmd_serving_sync(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import local_runner, serving_sync
+    from pipelines.local import embedded_store
+    from pipelines.serving import serving_sync
 
-    with local_runner.object_store(config):
+    with embedded_store.object_store(config):
         return serving_sync.run(config.serving_model_dir, config.model_name, Path(args.target),
                                 None if args.once else args.interval, console.say)  # fmt: skip
 
 
 def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import bench
+    from pipelines.bench import suite as bench
 
     sizes = [1_000] if args.tiny else args.sizes + ([1_000_000] if args.large else [])
     rows = 2_000 if args.tiny else config.rows_per_span
@@ -158,7 +170,7 @@ def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
     modes = tuple(args.beam_modes or bench.BEAM_MODES)
     if set(modes) - set(bench.BEAM_MODES):
         raise ConfigError(f"--beam-modes: one of {list(bench.BEAM_MODES)} each, got {modes}")
-    from pipelines import bench_report
+    from pipelines.bench import bench_report
 
     results = bench.run(sizes, rows, args.repeats, args.tiny, skip, modes,
                         settings=parse_assignments(args.set or []), report_dir=args.report_dir,
@@ -169,7 +181,7 @@ def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
 
 
 def cmd_bench_input(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import bench_training
+    from pipelines.bench import bench_training
 
     examples_dir, graph_dir = bench_training.transform_outputs(config)
     results = bench_training.run(examples_dir, graph_dir, config, args.steps, args.repeats,
@@ -186,7 +198,7 @@ def cmd_gpu_check(args: argparse.Namespace, config: PipelineConfig) -> int:
 
 
 def cmd_images(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import images
+    from pipelines.kubeflow import images
 
     if args.base_only:
         images.ensure_local_base(images.engine(), rebuild=True, say=console.say)
@@ -198,7 +210,7 @@ def cmd_images(args: argparse.Namespace, config: PipelineConfig) -> int:
 
 
 def cmd_tensorboard(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import tensorboard
+    from pipelines.local import tensorboard
 
     return tensorboard.main(
         config, console.say, pipeline_root=args.pipeline_root, model_run_uri=args.model_run,
@@ -209,10 +221,11 @@ def cmd_tensorboard(args: argparse.Namespace, config: PipelineConfig) -> int:
 def cmd_bench_serving(args: argparse.Namespace, config: PipelineConfig) -> int:
     import json
 
-    from pipelines import bench_serving, local_runner
-    from pipelines.config import WORK_DIR
+    from components.base.config import WORK_DIR
+    from pipelines.bench import bench_serving
+    from pipelines.local import embedded_store
 
-    with local_runner.object_store(config):
+    with embedded_store.object_store(config):
         results = bench_serving.run(config, args.requests, args.concurrency, args.batch_sizes,
                                     console.say)  # fmt: skip
     console.say(bench_serving.table(results))
@@ -224,10 +237,10 @@ def cmd_bench_serving(args: argparse.Namespace, config: PipelineConfig) -> int:
 
 
 def cmd_store(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import local_runner
+    from pipelines.local import embedded_store
 
     try:
-        with local_runner.object_store(config) as store:
+        with embedded_store.object_store(config) as store:
             if store.kind == "reused":
                 console.say(
                     f"Nothing to start: the store of this folder answers at {store.endpoint}."
@@ -252,11 +265,30 @@ def cmd_store(args: argparse.Namespace, config: PipelineConfig) -> int:
         return 0
 
 
-def cmd_compile(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines import kubeflow_runner
+def cmd_schema(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines.local import embedded_store
+    from pipelines.schema_proposal import propose
 
-    path = kubeflow_runner.write(config, Path(args.output))
-    console.say(f"Wrote {path} (cpu image {config.cpu_image}, gpu image {config.gpu_image}).")
+    with embedded_store.object_store(config):
+        return propose(config, args.span, args.write, console.say)
+
+
+def cmd_compile(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines.kubeflow import kubeflow_runner
+
+    if args.all_use_cases and args.output:
+        raise ConfigError(
+            "--all-use-cases writes kubeflow/pipeline-<name>.yaml: leave out --output"
+        )
+    from components.base import use_case
+
+    names = use_case.shipped() if args.all_use_cases else [config.use_case]
+    for name in names:
+        # Each use case's own defaults (names, bars), under what the environment and --set give.
+        one = config if name == config.use_case else _load_config(args, use_case=name)
+        path = kubeflow_runner.write(one, Path(args.output) if args.output else spec_path(name))
+        console.say(f"Wrote {path} (use case {name}, cpu image {one.cpu_image}, gpu image "
+                    f"{one.gpu_image}).")  # fmt: skip
     return 0
 
 
@@ -265,19 +297,21 @@ def _parameters(args: argparse.Namespace) -> dict[str, str]:
 
 
 def cmd_submit(args: argparse.Namespace, config: None) -> int:
-    from pipelines import kfp_client
+    from pipelines.kubeflow import kfp_client
 
-    run_id = kfp_client.submit(args.endpoint, args.package, _parameters(args), args.experiment,
+    package = args.package or _default_package()
+    run_id = kfp_client.submit(args.endpoint, package, _parameters(args), args.experiment,
                                args.namespace)  # fmt: skip
-    console.say(f"Started run {run_id} of {args.package} on {args.endpoint}.")
+    console.say(f"Started run {run_id} of {package} on {args.endpoint}.")
     return 0
 
 
 def cmd_schedule(args: argparse.Namespace, config: None) -> int:
-    from pipelines import kfp_client
+    from pipelines.kubeflow import kfp_client
 
     job_id = kfp_client.schedule(
-        args.endpoint, args.package, args.cron, _parameters(args), args.experiment, args.name,
+        args.endpoint, args.package or _default_package(), args.cron,
+        _parameters(args), args.experiment, args.name,
         args.namespace, replace=args.replace, say=console.say,
     )  # fmt: skip
     console.say(
@@ -288,7 +322,7 @@ def cmd_schedule(args: argparse.Namespace, config: None) -> int:
 
 
 def cmd_pause(args: argparse.Namespace, config: None) -> int:
-    from pipelines import kfp_client
+    from pipelines.kubeflow import kfp_client
 
     kfp_client.pause(args.endpoint, args.recurring_run_id, args.namespace)
     console.say(f"Paused recurring run {args.recurring_run_id}.")
@@ -296,7 +330,7 @@ def cmd_pause(args: argparse.Namespace, config: None) -> int:
 
 
 def cmd_resume(args: argparse.Namespace, config: None) -> int:
-    from pipelines import kfp_client
+    from pipelines.kubeflow import kfp_client
 
     kfp_client.resume(args.endpoint, args.recurring_run_id, args.namespace)
     console.say(f"Resumed recurring run {args.recurring_run_id}.")
@@ -309,7 +343,8 @@ def cmd_watch(args: argparse.Namespace, config: PipelineConfig) -> int:
         check_values("watch", {"watch_interval": interval}, {"watch_interval": "--interval"})
     from pipelines import watch
 
-    return watch.main(config, interval, args.once, args.endpoint, args.package, args.experiment,
+    package = args.package or str(spec_path(config.use_case))
+    return watch.main(config, interval, args.once, args.endpoint, package, args.experiment,
                       args.log_path)  # fmt: skip
 
 
@@ -370,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--set",
                 action="append",
                 metavar="FIELD=VALUE",
-                help="override a config field (pipelines/config.py); repeatable",
+                help="override a config field (components/base/config.py); repeatable",
             )
         else:
             sub.add_argument("--set", action=_RefuseSet, help=argparse.SUPPRESS)
@@ -401,10 +436,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "Serve the version below the served one, or version N.")  # fmt: skip
     rollback.add_argument("version", type=int, nargs="?", help="the version to serve")
     add("store", cmd_store, "Start the embedded object store in the foreground.")
+    schema = add("schema", cmd_schema, "Propose the use case's schema from a span's data.")
+    schema.add_argument("action", choices=("propose",))
+    schema.add_argument("--span", type=int, default=-1,
+                        help="the span to read (default: the newest complete one)")  # fmt: skip
+    schema.add_argument("--write", action="store_true",
+                        help="write the proposal to schemas/<use case>/schema.pbtxt, to review "
+                        "and commit")  # fmt: skip
     compile_ = add(
         "compile", cmd_compile, "Compile the pipeline into a Kubeflow Pipelines v2 spec."
     )
-    compile_.add_argument("--output", default=str(SPEC_PATH), help=f"default: {SPEC_PATH}")
+    compile_.add_argument("--output", help="default: kubeflow/pipeline-<use case>.yaml")
+    compile_.add_argument("--all-use-cases", action="store_true",
+                          help="one kubeflow/pipeline-<name>.yaml per use case")  # fmt: skip
 
     def add_kfp(
         name: str, handler, help_text: str, package: bool = True
@@ -419,8 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "runs (default: $KFP_NAMESPACE)")  # fmt: skip
         if package:
             sub.has_param = True
-            sub.add_argument("--package", default=str(SPEC_PATH), help="compiled spec to upload")
-            sub.add_argument("--experiment", default="taxi-tips", help="KFP experiment")
+            sub.add_argument("--package", help="compiled spec to upload "
+                             "(default: kubeflow/pipeline-<use case>.yaml)")  # fmt: skip
+            sub.add_argument("--experiment", help="KFP experiment (default: the pipeline's name)")
             sub.add_argument("--param", action="append", metavar="NAME=VALUE",
                              help="pipeline parameter for the run(s); repeatable")  # fmt: skip
         return sub
@@ -430,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
         "schedule", cmd_schedule, "Create a recurring run (one at a time, no catch-up)."
     )
     schedule.add_argument("--cron", required=True, help='cron, e.g. "0 2 * * *" (nightly, 02:00)')
-    schedule.add_argument("--name", default="taxi-tips-nightly", help="recurring run name")
+    schedule.add_argument("--name", help="recurring run name (default: <pipeline name>-nightly)")
     schedule.add_argument("--replace", action="store_true",
                           help="move a recurring run of that name to this package (as CI does "
                           "after a merge) instead of refusing")  # fmt: skip
@@ -469,9 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_all.add_argument("--large", action="store_true", help="also 1,000,000 rows (long)")
     bench_all.add_argument("--repeats", type=_count, default=3, help="of each short figure")
     bench_all.add_argument("--skip", type=lambda t: t.split(","), metavar="PART,PART",
-                           help="parts to leave out (see pipelines/bench.py PARTS)")  # fmt: skip
+                           help="parts to leave out (pipelines/bench/suite.py PARTS)")  # fmt: skip
     bench_all.add_argument("--beam-modes", type=lambda t: t.split(","), metavar="MODE,MODE",
-                           help="Beam modes to time (pipelines/bench.py BEAM_MODES)")  # fmt: skip
+                           help="Beam modes (pipelines/bench/suite.py BEAM_MODES)")  # fmt: skip
     bench_all.add_argument("--tiny", action="store_true",
                            help="every part on tiny data (the test's mode)")  # fmt: skip
     bench_all.add_argument("--report-dir", type=Path, default=REPO_ROOT / "bench",
@@ -524,8 +569,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds between polls, 5-3600 (default: watch_interval)")  # fmt: skip
     watch.add_argument("--endpoint", metavar="URL",
                        help="submit each run to this KFP API (default: run it here)")  # fmt: skip
-    watch.add_argument("--package", default=str(SPEC_PATH), help="with --endpoint: compiled spec")
-    watch.add_argument("--experiment", default="taxi-tips", help="with --endpoint: KFP experiment")
+    watch.add_argument("--package", help="with --endpoint: compiled spec "
+                       "(default: kubeflow/pipeline-<use case>.yaml)")  # fmt: skip
+    watch.add_argument("--experiment", help="with --endpoint: KFP experiment (default: the "
+                       "pipeline's name)")  # fmt: skip
     return parser
 
 
@@ -556,6 +603,16 @@ def _report(error: Exception, log, log_path: Path) -> int:
     return 1
 
 
+def _default_package() -> str:
+    """The committed spec of the use case PIPELINE_USE_CASE names (else the default one)."""
+    return str(spec_path(os.environ.get("PIPELINE_USE_CASE") or FIELDS["use_case"].default))
+
+
+def _load_config(args: argparse.Namespace, **fixed: str) -> PipelineConfig:
+    """The config from the environment and --set flags, with `fixed` values over both."""
+    return PipelineConfig.load({**parse_assignments(args.set or []), **fixed})
+
+
 def args_line() -> str:
     return " ".join([_prog(), *sys.argv[1:]])
 
@@ -563,9 +620,7 @@ def args_line() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:  # before anything heavy is imported: a typo fails within a second
-        config = (
-            PipelineConfig.load(parse_assignments(args.set or [])) if args.uses_config else None
-        )
+        config = _load_config(args) if args.uses_config else None
         if args.command == "add-span":
             _span_size(args, config)
         if args.command == "models" and (args.action == "show") != (args.version is not None):

@@ -1,6 +1,6 @@
 """`tkp gpu-check`: one script to run once on a machine with NVIDIA GPUs.
 
-Trains the default model (components/model.py `build_model`, the config's batch size and
+Trains the default model (the use case's `build_model`, the config's batch size and
 layers) for a fixed number of steps on the CPU, on one GPU and on all GPUs (MirroredStrategy),
 each in float32 and in mixed precision, and prints examples/second and the GPUs' mean
 utilisation (nvidia-smi, sampled every 0.2 s) for each. The batches are synthetic transformed
@@ -10,6 +10,7 @@ features already in memory, so the figures are the model's and the device's, not
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -17,20 +18,21 @@ import subprocess
 import threading
 import time
 
-from pipelines.config import PipelineConfig
+from components.base.config import PipelineConfig
 
 
-def _batches(batch_size: int, count: int):
+def _batches(keras_model, batch_size: int, count: int):
+    """Random inputs shaped as the model's (integer ids 0 or 1: valid for any embedding)."""
     import tensorflow as tf
 
-    from components import preprocessing
-
     rng = tf.random.Generator.from_seed(0)
-    features = {
-        name: rng.normal([count * batch_size, 1]) for name in preprocessing.NUMERIC_FEATURES
-    }
-    for name, ids in preprocessing.CATEGORICAL_FEATURES.items():
-        features[name] = rng.uniform([count * batch_size, 1], 0, ids, dtype=tf.int64)
+    features = {}
+    for tensor in keras_model.inputs:
+        shape = [count * batch_size, *tensor.shape[1:]]
+        features[tensor.name.split(":")[0]] = (
+            rng.uniform(shape, 0, 2, dtype=tf.int64) if tensor.dtype.is_integer
+            else rng.normal(shape)
+        )  # fmt: skip
     labels = tf.cast(rng.uniform([count * batch_size, 1]) > 0.5, tf.float32)
     data = tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch_size)
     return data.cache().repeat()
@@ -71,7 +73,11 @@ def run(config: PipelineConfig, steps: int = 300, say=print) -> list[dict]:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
-    from components import model
+    from components.base.use_case import load as load_use_case
+
+    use_case = load_use_case(config.use_case)
+    build_model = use_case.function("build_model")
+    hyperparameters = use_case.resolved_hyperparameters(json.loads(config.hyperparameters))
 
     gpus = tf.config.list_logical_devices("GPU")
     say(f"GPUs visible to TensorFlow: {len(gpus)}"
@@ -90,8 +96,8 @@ def run(config: PipelineConfig, steps: int = 300, say=print) -> list[dict]:
             replicas = strategy.num_replicas_in_sync
             batch = config.batch_size * replicas
             with strategy.scope():
-                keras_model = model.build_model(list(config.hidden_units), config.learning_rate)
-            data = _batches(batch, 20)
+                keras_model = build_model(hyperparameters, config.learning_rate)
+            data = _batches(keras_model, batch, 20)
             keras_model.fit(data, steps_per_epoch=20, epochs=1, verbose=0)  # tracing, cache
             with _Utilisation() as utilisation:
                 began = time.perf_counter()

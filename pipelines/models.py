@@ -1,6 +1,6 @@
 """`tkp models list`, `tkp models show N` and `tkp rollback [N]`: the registry for a person.
 
-The facts live in the serving directory (components/registry.py); this module only reads them,
+The facts live in the serving directory (components/base/registry.py); this module only reads them,
 lays them out, and asks the registry to change which version serves.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from components import registry
-from pipelines import storage
-from pipelines.config import PipelineConfig
+from components.base import registry, storage
+from components.base.config import PipelineConfig
+from components.steps.auc_text import AUC_UNDEFINED_KEY
 
 
 def _state(version: int, complete: dict[int, str], present: set[int], served: int | None) -> str:
@@ -49,7 +49,7 @@ def list_versions(config: PipelineConfig) -> str:
         lines.append(
             f"{version:>7}  {_state(version, complete, present, served):<10}  "
             f"{record.get('pushed_at', '?'):<25}  {spans:<12}  "
-            f"{_number(overall.get('auc'))}  {_number(overall.get('binary_accuracy'))}  "
+            f"{_auc(overall)}  {_number(overall.get('binary_accuracy'))}  "
             f"{versus:<16}"
         )
     if broken:
@@ -58,6 +58,11 @@ def list_versions(config: PipelineConfig) -> str:
         no_file = f"no {registry.MODEL_CONFIG_FILE} yet"
         lines.append(f"({no_file}: TF Serving serves the highest version)")
     return "\n".join(lines)
+
+
+def _auc(overall: dict) -> str:
+    """The AUC column: "n/a" where the record says why there is none (one label only)."""
+    return f"{'n/a':>6}" if overall.get(AUC_UNDEFINED_KEY) else _number(overall.get("auc"))
 
 
 def _number(value: float | None) -> str:

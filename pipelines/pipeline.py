@@ -2,29 +2,37 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Transform and TFMA need tf_keras, not Keras 3
 
 from tfx import v1 as tfx  # noqa: E402
 
-from components.baseline import LatestPushedModel  # noqa: E402
-from components.checkpoints import CHECKPOINTS_FOLDER  # noqa: E402
-from components.evaluation import ThresholdEvaluator  # noqa: E402
-from components.example_gen import SpanCsvExampleGen  # noqa: E402
-from components.pusher import VersionedPusher  # noqa: E402
-from components.run_report import RunReport  # noqa: E402
-from components.schema import CuratedSchema  # noqa: E402
-from components.span_selection import TRAIN_KEY, SelectSpans  # noqa: E402
-from components.trainer import TunableTrainer  # noqa: E402
-from components.validation import StrictExampleValidator  # noqa: E402
-from pipelines.config import GPU_RESOURCE, RUN_PARAMETERS, SECRET_KEYS, PipelineConfig  # noqa: E402
+from components.base.config import (  # noqa: E402
+    GPU_RESOURCE,
+    REPO_ROOT,
+    RUN_PARAMETERS,
+    SECRET_KEYS,
+    PipelineConfig,
+)
+from components.base.use_case import UseCase  # noqa: E402
+from components.base.use_case import load as load_use_case  # noqa: E402
+from components.steps.baseline import LatestPushedModel  # noqa: E402
+from components.steps.evaluation import ThresholdEvaluator  # noqa: E402
+from components.steps.example_gen import SpanCsvExampleGen  # noqa: E402
+from components.steps.pusher import VersionedPusher  # noqa: E402
+from components.steps.run_report import RunReport  # noqa: E402
+from components.steps.schema import CuratedSchema  # noqa: E402
+from components.steps.span_selection import TRAIN_KEY, SelectSpans  # noqa: E402
+from components.steps.trainer import TunableTrainer  # noqa: E402
+from components.steps.validation import StrictExampleValidator  # noqa: E402
+from components.training.checkpoints import CHECKPOINTS_FOLDER  # noqa: E402
 
 # User code is referenced by import path, not by module_file: TFX would otherwise package it as a
 # wheel and pip-install it in every step (uv environments have no pip), and compiling for Kubeflow
 # would need write access to the pipeline root. The code is installed in the environment and image.
-PREPROCESSING_FN = "components.preprocessing.preprocessing_fn"
-RUN_FN = "components.model.run_fn"
+RUN_FN = "components.training.loop.run_fn"
 
 
 def runtime_parameters(config: PipelineConfig) -> dict[str, tfx.dsl.experimental.RuntimeParameter]:
@@ -44,9 +52,10 @@ def run_parameter_values(config: PipelineConfig) -> dict[str, str | int | float]
 def trainer_config(config: PipelineConfig) -> dict:
     """The Trainer's custom_config: run_fn's settings that are not run parameters."""
     return {
+        "use_case": config.use_case,
+        "hyperparameters": json.loads(config.hyperparameters),
         "batch_size": config.batch_size,
         "learning_rate": config.learning_rate,
-        "hidden_units": list(config.hidden_units),
         "mixed_precision": config.mixed_precision,
         "strategy": config.strategy,
         "num_workers": config.num_workers,
@@ -61,8 +70,9 @@ def trainer_config(config: PipelineConfig) -> dict:
 
 
 def tfjob_settings(config: PipelineConfig) -> dict:
-    """What a TFJob replica's pod gets on Kubeflow (components/tfjob.py): what the single-pod
-    Trainer gets (pipelines/kubeflow_runner.py)."""
+    """What a TFJob replica's pod gets on Kubeflow (components/training/tfjob.py): what the
+    single-pod
+    Trainer gets (pipelines/kubeflow/kubeflow_runner.py)."""
     return {
         "image": config.gpu_image,
         "cpu": config.trainer_cpu,
@@ -76,9 +86,17 @@ def tfjob_settings(config: PipelineConfig) -> dict:
     }
 
 
+def schema_path(use_case: UseCase) -> str:
+    """The curated schema's path as the step takes it: relative to the project root when it is
+    in the project (the same file in every image), else as it is."""
+    path = use_case.schema_path.resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> tfx.dsl.Pipeline:
     """The full DAG. `metadata_connection_config` is the local runner's; Kubeflow brings its own."""
     param = runtime_parameters(config)
+    use_case = load_use_case(config.use_case)
     select_spans = SelectSpans(
         data_root=param["data_root"],
         span=param["span"],
@@ -98,7 +116,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             input_encoding=config.input_encoding,
         ).with_id("ExampleGen")
         statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-        schema = CuratedSchema().with_id("CuratedSchema")
+        schema = CuratedSchema(schema_path(use_case)).with_id("CuratedSchema")
         example_validator = StrictExampleValidator(
             statistics=statistics_gen.outputs["statistics"],
             schema=schema.outputs["schema"],
@@ -108,7 +126,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
         transform = tfx.components.Transform(
             examples=example_gen.outputs["examples"],
             schema=schema.outputs["schema"],
-            preprocessing_fn=PREPROCESSING_FN,
+            preprocessing_fn=use_case.preprocessing_fn,
         )
         # Transform must not start on data that failed validation.
         transform.add_upstream_node(example_validator)
@@ -136,6 +154,8 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             min_auc=param["min_auc"],
             min_accuracy=param["min_accuracy"],
             max_auc_drop=param["max_auc_drop"],
+            label_key=use_case.label_key,
+            slice_keys=use_case.slice_keys,
         ).with_id("Evaluator")
         pusher = VersionedPusher(
             model=trainer.outputs["model"],
@@ -147,6 +167,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             model_name=param["model_name"],
             keep_versions=config.keep_versions,
             export_tflite=config.export_tflite,
+            label_key=use_case.label_key,
         ).with_id("Pusher")
         # What the Kubeflow UI shows of the run (metrics, ROC curve, a report), and `tkp run`.
         run_report = RunReport(
@@ -155,6 +176,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             evaluation=evaluator.outputs["evaluation"],
             blessing=evaluator.outputs["blessing"],
             pushed_model=pusher.outputs["pushed_model"],
+            class_names=use_case.class_names,
         ).with_id("RunReport")
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline_name,

@@ -9,8 +9,8 @@ from pathlib import Path
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
-from components import features
-from pipelines.config import PipelineConfig
+from components.base.config import PipelineConfig
+from components.steps.auc_text import AUC_UNDEFINED_KEY, auc_text
 
 _STATES = {
     metadata_store_pb2.Execution.COMPLETE: "ran",
@@ -47,7 +47,7 @@ class RunSummary:
     spans: list[int] = dataclasses.field(default_factory=list)
     trained: bool | None = None  # False: no new data, nothing after SelectSpans ran
     decision: str = ""
-    # What the Trainer reported (components/trainer.py SUMMARY_PROPERTIES).
+    # What the Trainer reported (components/steps/trainer.py SUMMARY_PROPERTIES).
     training: dict[str, str | int | float] = dataclasses.field(default_factory=dict)
     report_uri: str | None = None  # the RunReport's HTML page
 
@@ -136,7 +136,7 @@ def read_summary(
         summary.blessed = evaluator["blessing"].custom_properties["blessed"].int_value == 1
     if "evaluation" in evaluator:
         uri = evaluator["evaluation"].uri
-        from components.evaluation import auc_change, read_metrics
+        from components.steps.evaluation import auc_change, read_metrics
 
         summary.metrics, summary.validation_failures = read_metrics(uri)
         summary.auc_change = auc_change(uri)
@@ -166,19 +166,21 @@ def format_summary(summary: RunSummary) -> str:
     overall = summary.metrics.get("overall", {})
     if overall:
         shown = ", ".join(
-            f"{k}={v:.4f}" for k, v in sorted(overall.items()) if k != "example_count"
-        )
+            f"{k}={v:.4f}" for k, v in sorted(overall.items())
+            if k != "example_count" and isinstance(v, float)
+        )  # fmt: skip
+        if overall.get(AUC_UNDEFINED_KEY):
+            shown += f", auc={auc_text(overall)}"
         count = int(overall.get("example_count", 0))
         lines.append(f"Evaluation ({count} eval examples): {shown}")
         for name, values in sorted(summary.metrics.items()):
-            if name.startswith(features.SLICE_KEY) and "auc" in values:
-                lines.append(
-                    f"  {name:<32} auc={values['auc']:.4f}  n={int(values.get('example_count', 0))}"
-                )
+            if name != "overall" and "auc" in values:
+                count = int(values.get("example_count", 0))
+                lines.append(f"  {name:<32} auc={auc_text(values)}  n={count}")
     baseline = (
         f"version {summary.baseline_version}" if summary.baseline_version else "none (first model)"
     )
-    if summary.auc_change is not None and "auc" in overall:
+    if summary.auc_change is not None and overall.get("auc") is not None:
         # TFMA reports the difference on the same eval data; the served model's AUC follows.
         served_auc = overall["auc"] - summary.auc_change
         baseline += (

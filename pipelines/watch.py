@@ -41,10 +41,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from components import registry, spans
-from pipelines import console, storage
-from pipelines.config import PipelineConfig
-from pipelines.errors import ActionableError
+from components.base import console, registry, spans, storage
+from components.base.config import PipelineConfig
+from components.base.errors import ActionableError
 
 STARTED, TRIGGERED, FAILED, PRESENT = "started", "triggered", "failed", "present-before-watch"
 _RECORD = re.compile(r"span-(\d+)\.json$")
@@ -181,7 +180,7 @@ def local_trigger(config: PipelineConfig, log_path: Path | None) -> Trigger:
     """Runs the pipeline here, one span at a time (a run takes minutes; polling waits)."""
 
     def trigger(span: int) -> str:
-        from pipelines import local_runner
+        from pipelines.local import local_runner
         from pipelines.run_summary import format_summary
 
         console.say(
@@ -201,7 +200,7 @@ def kfp_trigger(
 ) -> tuple[Trigger, Callable[[], None]]:
     """Submits a run per span. `data_root` goes with `span`: the run must read the root this
     watcher saw the span in, whatever root the spec was compiled with."""
-    from pipelines import kfp_client
+    from pipelines.kubeflow import kfp_client
 
     def ready() -> None:
         kfp_client.check_endpoint(endpoint)
@@ -264,7 +263,7 @@ def main(
     if endpoint:
         trigger, ready = kfp_trigger(config, endpoint, package, experiment)
         return run(Watcher(config, trigger, f"kfp {endpoint}", ready), interval, once)
-    from pipelines import local_runner
+    from pipelines.local import embedded_store
 
-    with local_runner.object_store(config):
+    with embedded_store.object_store(config):
         return run(Watcher(config, local_trigger(config, log_path), "local"), interval, once)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from pipelines.object_store import EmbeddedObjectStore
+from components.base.object_store import EmbeddedObjectStore
 
 # Credentials nothing may print, log, store or compile. SeaweedFS accepts any key.
 SENTINEL_KEY_ID = "AKIASENTINELKEY7QX4"

@@ -21,10 +21,10 @@ from tensorflow_transform.tf_metadata import (  # noqa: E402
 )
 from tfx.utils import io_utils  # noqa: E402
 
-from components import features, preprocessing  # noqa: E402
-from components.schema import CuratedSchema  # noqa: E402
-from pipelines.config import REPO_ROOT  # noqa: E402
-from pipelines.object_store import EmbeddedObjectStore  # noqa: E402
+from components.base.config import REPO_ROOT  # noqa: E402
+from components.base.object_store import EmbeddedObjectStore  # noqa: E402
+from components.use_cases.taxi import USE_CASE, features, preprocessing  # noqa: E402
+from pipelines.pipeline import schema_path  # noqa: E402
 from tests.retraining_loop import loop  # noqa: E402, F401  (shared fixtures)
 from tests.trained_model import trained, transformed  # noqa: E402, F401  (shared fixtures)
 
@@ -33,9 +33,9 @@ from tests.trained_model import trained, transformed  # noqa: E402, F401  (share
 # --------------------------------------------------------------------------------------------
 
 # The curated schema the pipeline imports: CuratedSchemaExecutor copies
-# REPO_ROOT / exec_properties["schema_path"], and the pipeline builds CuratedSchema() with its
-# default path, so the path is read from the component rather than written down a second time.
-SCHEMA_PATH = REPO_ROOT / CuratedSchema().exec_properties["schema_path"]
+# REPO_ROOT / exec_properties["schema_path"], and the pipeline gives it the use case's path, so
+# the path is read from the pipeline's step rather than written down a second time.
+SCHEMA_PATH = REPO_ROOT / schema_path(USE_CASE)
 
 # Transform's raw spec, derived as TFX 1.16's Transform derives it (tfx/components/transform/
 # executor.py): TransformProcessor._GetSchema reads the schema with io_utils.SchemaReader,

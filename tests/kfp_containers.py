@@ -29,7 +29,7 @@ Harness choices, not KFP's: an image that is not on this machine fails the task 
 tries to pull it and leaves the pod Pending in ImagePullBackOff); the step's own exit code is
 reported (KFP's launcher exits 1 for any failure of the step).
 Per attempt it records the start-up (`podman run` → the entry point's "<executor> starts" line,
-pipelines/kfp_entrypoint.py) and the peak memory from the container's memory cgroup.
+pipelines/kubeflow/kfp_entrypoint.py) and the peak memory from the container's memory cgroup.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines import images as pipeline_images
-from pipelines.images import Engine
-from pipelines.kfp_entrypoint import EXECUTOR_STARTS
+from pipelines.kubeflow import images as pipeline_images
+from pipelines.kubeflow.images import Engine
+from pipelines.kubeflow.kfp_entrypoint import EXECUTOR_STARTS
 from tests.kfp_launcher import EMPTY_DIRS, OOM_KILLED, TaskFailed
 
 VOLUMES = (*EMPTY_DIRS, "tmp/kfp_outputs")

@@ -40,7 +40,7 @@ import numpy
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from pipelines.config import REPO_ROOT
+from components.base.config import REPO_ROOT
 from tests import kfp_launcher, kfp_store
 from tests.kfp_containers import ContainerRuntime
 from tests.kfp_launcher import EXECUTOR_LOGS, TaskFailed

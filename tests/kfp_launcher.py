@@ -19,8 +19,9 @@ from pathlib import Path
 
 import psutil
 
-from pipelines import images, storage
-from pipelines.object_store import s3_client
+from components.base import storage
+from components.base.object_store import s3_client
+from pipelines.kubeflow import images
 
 # component/launcher_v2.go OutputMetadataFilepath.
 OUTPUT_METADATA_FILE = "/tmp/kfp_outputs/output_metadata.json"

@@ -46,8 +46,8 @@ from urllib.parse import parse_qs, urlparse
 import jsonschema
 import yaml
 
-from components import local_workers, tfjob
-from pipelines.object_store import die_with_parent, stop_process
+from components.base.object_store import die_with_parent, stop_process
+from components.training import local_workers, tfjob
 
 CRD_PATH = Path(__file__).parent / "crds" / "kubeflow.org_tfjobs.yaml"  # v1.8.1, verbatim
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -3,6 +3,7 @@ modules that check what it saw (tests/test_pipeline_e2e.py, tests/test_run_repor
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -14,15 +15,15 @@ import types
 
 import pytest
 
-from components import registry
-from components.baseline import QUALITY_KEY
-from components.checkpoints import CHECKPOINTS_FOLDER
-from components.evaluation import quality_gate
-from components.registry import complete_versions as pushed_versions
+from components.base import registry
+from components.base.config import DEFAULT_DRIFT, PipelineConfig
+from components.base.errors import actionable_cause
+from components.base.registry import complete_versions as pushed_versions
+from components.steps.baseline import QUALITY_KEY
+from components.steps.evaluation import quality_gate
+from components.training.checkpoints import CHECKPOINTS_FOLDER
 from pipelines import data, models
-from pipelines.config import DEFAULT_DRIFT, PipelineConfig
-from pipelines.errors import actionable_cause
-from pipelines.local_runner import run_pipeline
+from pipelines.local.local_runner import run_pipeline
 from pipelines.run_summary import latest_step_outputs
 from tests.trained_model import scalar_steps
 
@@ -46,7 +47,8 @@ def loop_config(bucket: str, work, data_folder: str = "data", **overrides) -> Pi
         min_accuracy=0.7,
         max_auc_drop=0.05,
     )
-    return PipelineConfig(**{**values, **overrides})
+    # Over the config's defaults as a user gets them (the taxi use case's names and bars).
+    return dataclasses.replace(PipelineConfig.load(environ={}), **{**values, **overrides})
 
 
 def gate_failures(summary, config: PipelineConfig) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tfx.types import standard_artifacts
 
-from components.baseline import (
+from components.steps.baseline import (
     BASELINE_VERSION_KEY,
     NO_BASELINE,
     NO_BASELINE_FILE,

@@ -11,9 +11,9 @@ import re
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from components.beam_dependencies import workers_are_local
-from pipelines.bench import TINY
-from pipelines.config import REPO_ROOT, PipelineConfig, parse_assignments
+from components.base.config import REPO_ROOT, PipelineConfig, parse_assignments
+from components.steps.beam_dependencies import workers_are_local
+from pipelines.bench.suite import TINY
 from tests import cli_process
 
 
@@ -37,7 +37,7 @@ def test_the_readme_beam_options_are_known_to_beams_parser():
             assert value in (str(known), json.dumps(known)) or value in known, flag
         runners.add(parsed.get("runner") or "DirectRunner")
     assert {"DirectRunner", "PortableRunner", "DataflowRunner"} <= runners
-    # TFX stages its own package for remote workers only (components/beam_dependencies.py).
+    # TFX stages its own package for remote workers only (components/steps/beam_dependencies.py).
     local = [workers_are_local(list(flags)) for flags in option_sets]
     assert local == [True, True, True, True, False]  # Flink, Spark: EXTERNAL, the step image
     assert workers_are_local(["--runner=PortableRunner", "--environment_type=LOOPBACK"])

@@ -1,5 +1,7 @@
-"""Start-up bench of the Kubeflow steps (pipelines/bench_startup.py), and the entry point's copy
-of TFX's executor entry point that the start-up cut needed (pipelines/kfp_entrypoint.py)."""
+"""Start-up bench of the Kubeflow steps (pipelines/bench/bench_startup.py), and the entry point's
+copy
+of TFX's executor entry point that the start-up cut needed
+(pipelines/kubeflow/kfp_entrypoint.py)."""
 
 import copy
 import json
@@ -9,11 +11,12 @@ import pytest
 import yaml
 from tfx.dsl.components.base import base_executor
 
-from components import step_times
-from pipelines import bench_startup, tfx_v2_executor
-from pipelines.config import REPO_ROOT
+from components.base.config import SPEC_PATH
+from components.steps import step_times
+from pipelines.bench import bench_startup
+from pipelines.kubeflow import tfx_v2_executor
 
-SPEC = REPO_ROOT / "kubeflow" / "pipeline.yaml"
+SPEC = SPEC_PATH
 # Its executor imports little beyond TensorFlow and Beam: the quickest real step to start.
 CHEAP_STEP = "latest-pushed-model"
 
@@ -27,7 +30,7 @@ def test_measure_times_a_step_to_its_import_done_line_next_to_a_bare_tensorflow_
     assert bare["seconds"] > 0 and step["seconds"] > 0
     assert bare["rss_mb"] > 0 and step["rss_mb"] > 0
     assert step["ratio"] == round(step["seconds"] / bare["seconds"], 2)
-    assert step["executor"] == "components.baseline.LatestPushedModelExecutor"
+    assert step["executor"] == "components.steps.baseline.LatestPushedModelExecutor"
 
 
 def test_a_step_that_crashes_before_its_import_done_line_fails_the_measurement(tmp_path):
@@ -36,7 +39,7 @@ def test_a_step_that_crashes_before_its_import_done_line_fails_the_measurement(t
     spec = copy.deepcopy(spec)
     container = spec["deploymentSpec"]["executors"]["LatestPushedModel_executor"]["container"]
     args = container["args"]
-    args[args.index("--executor_class_path") + 1] = "components.baseline.NoSuchExecutor"
+    args[args.index("--executor_class_path") + 1] = "components.steps.baseline.NoSuchExecutor"
     broken = tmp_path / "pipeline.yaml"
     broken.write_text(yaml.safe_dump_all([spec, platform]))
 

@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.local_workers import free_ports
-from pipelines import images, kfp_client
-from pipelines.config import REPO_ROOT, PipelineConfig
-from pipelines.object_store import stop_process
+from components.base.config import REPO_ROOT, SPEC_PATH, PipelineConfig
+from components.base.object_store import stop_process
+from components.training.local_workers import free_ports
+from pipelines.kubeflow import images, kfp_client
 from tests.kfp_api_stand_in import API, FakeKfpApi
 from tests.kfp_containers import missing_for_images
 
@@ -228,10 +228,10 @@ def test_the_images_job_pushes_the_commit_tagged_image_the_registry_then_serves(
     (login,) = [step for step in steps if "registry" in step]
     assert login["registry"] == loopback_registry.host
     (push,) = [step for step in steps if "run" in step]
-    reference = f"{loopback_registry.host}/ci/tfx-taxi-tips:{SHA}"
+    reference = f"{loopback_registry.host}/ci/tfx-pipeline:{SHA}"
     assert re.search(rf"Pushed {re.escape(reference)} in \d+ s", push["output"]), push["output"]
     manifest = loopback_registry.get(
-        f"/v2/ci/tfx-taxi-tips/manifests/{SHA}",
+        f"/v2/ci/tfx-pipeline/manifests/{SHA}",
         "application/vnd.oci.image.manifest.v1+json,"
         "application/vnd.docker.distribution.manifest.v2+json",
     )
@@ -241,10 +241,10 @@ def test_the_images_job_pushes_the_commit_tagged_image_the_registry_then_serves(
         assert manifest is not None, "the registry does not serve the pushed tag"
         assert manifest["config"]["digest"] == f"sha256:{image_id}"  # the very image built
         for layer in manifest["layers"]:
-            blob = f"/v2/ci/tfx-taxi-tips/blobs/{layer['digest']}"
+            blob = f"/v2/ci/tfx-pipeline/blobs/{layer['digest']}"
             assert loopback_registry.get(blob, method="HEAD") == {}, layer
     finally:  # the commit's tag goes; the image stays as `make images` names it (build cache)
-        engine.run("tag", reference, PipelineConfig().cpu_image, check=False)
+        engine.run("tag", reference, PipelineConfig.load(environ={}).cpu_image, check=False)
         engine.run("rmi", reference, check=False)
 
 
@@ -254,7 +254,7 @@ def test_the_deploy_job_compiles_with_the_commit_tags_submits_and_moves_the_sche
     api = FakeKfpApi(multi_user=True)  # a profile namespace is needed
     monkeypatch.setattr("kfp.Client._LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
     try:  # the recurring run an earlier merge left, on the committed spec
-        kfp_client.schedule(api.endpoint, str(REPO_ROOT / "kubeflow" / "pipeline.yaml"),
+        kfp_client.schedule(api.endpoint, str(SPEC_PATH),
                             "0 2 * * *", {}, namespace="team-a")  # fmt: skip
         del api.requests[:], api.authorization[:]
         context = {"github.sha": SHA, "vars.IMAGE_REPOSITORY": "registry.example.com/ci",
@@ -265,14 +265,14 @@ def test_the_deploy_job_compiles_with_the_commit_tags_submits_and_moves_the_sche
     finally:
         api.close()
 
-    cpu, gpu = (f"registry.example.com/ci/tfx-taxi-tips{kind}:{SHA}" for kind in ("", "-gpu"))
+    cpu, gpu = (f"registry.example.com/ci/tfx-pipeline{kind}:{SHA}" for kind in ("", "-gpu"))
     (artifact,) = [step for step in steps if "path" in step]
     spec_path = REPO_ROOT / artifact["path"]
     spec = yaml.safe_load_all(spec_path.read_text())
     executors = next(spec)["deploymentSpec"]["executors"].values()
     named = {executor["container"]["image"] for executor in executors}
     assert named == {cpu, gpu}  # every step on this commit's images, the Trainer on the GPU one
-    assert PipelineConfig().cpu_image not in spec_path.read_text()
+    assert PipelineConfig.load(environ={}).cpu_image not in spec_path.read_text()
     assert api.uploads and cpu.encode() in api.uploads[-1]  # the uploaded package is that spec
 
     (run,) = api.bodies("POST", f"{API}/runs")

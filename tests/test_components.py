@@ -1,17 +1,18 @@
 """The custom components' executors, run as TFX runs them, against a real SeaweedFS server.
 
-SelectSpans and ExampleGen (components/span_selection.py, example_gen.py): an unknown span, a
+SelectSpans and ExampleGen (components/steps/span_selection.py, example_gen.py): an unknown span, a
 data root without spans, a span folder without CSV files, a span without its success marker and
 two CSV files with different headers each stop with an error naming the files and the fix; an
 explicitly requested older span and a window of spans are read through the real executor on
 Beam's DirectRunner; a trained input is "no new data" unless forced, by content, not by upload.
 
-Pusher (components/pusher.py): a push takes the number after the highest existing version,
+Pusher (components/steps/pusher.py): a push takes the number after the highest existing version,
 half-written ones included, copies every file of the model, serves it and records it; pushing
 onto an existing version is refused and leaves it byte-identical; a model that is not blessed is
 not pushed, and its input is recorded as trained.
 
-Baseline (components/baseline.py): a half-written newer version is skipped in favour of the last
+Baseline (components/steps/baseline.py): a half-written newer version is skipped in favour of the
+last
 complete one; after a rollback the served version is the baseline, not the highest number
 (tests/test_baseline.py covers the empty serving directory and the plain case).
 """
@@ -30,18 +31,21 @@ from tfx.types import Channel, artifact_utils, standard_artifacts
 from tfx.types.standard_artifact_utils import ARTIFACT_TFX_VERSION_CUSTOM_PROPERTY_KEY
 from tfx.utils import path_utils
 
-from components import registry, warmup
-from components.baseline import BASELINE_VERSION_KEY, LatestPushedModelExecutor
-from components.example_gen import ExampleGenInputError, Executor, SpanCsvExampleGen
-from components.pusher import VersionedPusherExecutor, push_version
-from components.span_selection import (
+from components.base import registry, storage
+from components.steps import warmup
+from components.steps.baseline import BASELINE_VERSION_KEY, LatestPushedModelExecutor
+from components.steps.example_gen import ExampleGenInputError, Executor, SpanCsvExampleGen
+from components.steps.pusher import VersionedPusherExecutor, push_version
+from components.steps.span_selection import (
     LATEST_SPAN,
     SelectSpans,
     SelectSpansExecutor,
     SpanSelection,
     TrainingDecision,
 )
-from pipelines import data, storage
+from components.use_cases.taxi import USE_CASE
+from components.use_cases.taxi import data as taxi_data
+from pipelines import data
 
 MODEL_NAME = "taxi-tips"
 
@@ -161,7 +165,7 @@ def _push(
          "selection": [selection], "examples": [examples or _eval_examples(tmp_path)]},
         {"pushed_model": [pushed]},
         {"serving_root": serving_root, "model_name": MODEL_NAME, "keep_versions": 5,
-         "export_tflite": export_tflite},
+         "export_tflite": export_tflite, "label_key": USE_CASE.label_key},
     )  # fmt: skip
     return pushed
 
@@ -256,7 +260,8 @@ def test_a_span_without_its_success_marker_is_never_read(object_store, tmp_path)
 
     selection, _ = _select_spans(data_root, LATEST_SPAN, tmp_path)
     assert selection.get_int_custom_property("span") == 0
-    with pytest.raises(ExampleGenInputError, match=r"span 1 under .* is complete: .*'_SUCCESS'"):
+    incomplete = r"span 1 under .* is not complete: .*'_SUCCESS'"
+    with pytest.raises(ExampleGenInputError, match=incomplete):
         _select_spans(data_root, 1, tmp_path)
     only_incomplete = f"s3://{object_store.new_bucket('eg-marker2')}/data"
     data.write_span(only_incomplete, 0, 20, marker="")
@@ -310,7 +315,7 @@ def test_example_gen_files_of_one_span_with_different_headers_name_both_files(
     data_root = f"s3://{object_store.new_bucket('eg-headers')}/data"
     first = storage.join(data.span_dir(data_root, 0), "part-00000.csv")
     second = storage.join(data.span_dir(data_root, 0), "part-00001.csv")
-    frame = data.generate_trips(10, span=0)
+    frame = taxi_data.generate_span(10, span=0)
     storage.write_bytes(first, frame.to_csv(index=False, na_rep="").encode())
     renamed = frame.rename(columns={"fare": "fare_usd"})
     storage.write_bytes(second, renamed.to_csv(index=False, na_rep="").encode())
@@ -406,7 +411,8 @@ def test_a_model_compared_with_a_version_that_no_longer_serves_is_not_pushed(
          "baseline_model": [stale], "selection": [selection],
          "examples": [_eval_examples(tmp_path)]},
         {"pushed_model": [pushed]},
-        {"serving_root": serving_root, "model_name": MODEL_NAME, "keep_versions": 5},
+        {"serving_root": serving_root, "model_name": MODEL_NAME, "keep_versions": 5,
+         "label_key": USE_CASE.label_key},
     )  # fmt: skip
 
     assert pushed.get_int_custom_property("pushed") == 0

@@ -1,5 +1,6 @@
 """The config object: defaults, environment and --set overrides, and clear errors."""
 
+import json
 import os
 import re
 import subprocess
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from pipelines.config import (
+from components.base.config import (
     ConfigError,
     PipelineConfig,
     check_run_parameters,
@@ -17,18 +18,31 @@ from pipelines.config import (
 
 
 def test_defaults_are_valid_and_serving_dir_joins_root_and_name():
-    config = PipelineConfig()
+    config = PipelineConfig.load(environ={})
     assert config.serving_model_dir == "s3://tfx-pipeline/serving/taxi-tips"
     assert config.span == -1
 
 
 def test_environment_then_overrides_take_precedence():
     environ = {"PIPELINE_TRAIN_STEPS": "50", "PIPELINE_MIN_AUC": "0.6", "PIPELINE_SPAN": "3"}
-    config = PipelineConfig.load({"train_steps": "70", "hidden_units": "16,8"}, environ=environ)
+    config = PipelineConfig.load(
+        {"train_steps": "70", "hyperparameters": '{"hidden_units": [16, 8]}'}, environ=environ
+    )
     assert config.train_steps == 70
     assert config.min_auc == 0.6
     assert config.span == 3
-    assert config.hidden_units == (16, 8)
+    assert json.loads(config.hyperparameters) == {"hidden_units": [16, 8]}
+
+
+def test_the_use_case_sets_its_defaults_and_a_setting_overrides_them():
+    """The taxi use case's bars and names (components/use_cases/taxi/__init__.py) are the
+    defaults of a config that names it; an environment variable or --set still wins."""
+    taxi = PipelineConfig.load(environ={})
+    assert (taxi.use_case, taxi.model_name, taxi.min_auc, taxi.min_accuracy) == (
+        "taxi", "taxi-tips", 0.75, 0.7,
+    )  # fmt: skip
+    assert PipelineConfig.load({"min_auc": "0.8"}, environ={}).min_auc == 0.8
+    assert PipelineConfig().min_auc == 0.5  # without a use case's defaults: the generic bar
 
 
 def test_pinned_images_by_tag_or_digest_are_accepted():
@@ -61,8 +75,8 @@ def test_beam_args_parse_from_json_list():
         ({"cpu_image": "registry.example.com/tfx:latest"}, "cpu_image"),
         ({"gpu_image": "registry.example.com:5000/tfx-gpu"}, "gpu_image"),
         # CI with its IMAGE_REPOSITORY variable unset, or in capitals: refused before building
-        ({"cpu_image": "/tfx-taxi-tips:0123abc"}, "cpu_image is not an image reference"),
-        ({"cpu_image": "ghcr.io/Acme/tfx-taxi-tips:0123abc"}, "cpu_image is not an image ref"),
+        ({"cpu_image": "/tfx-pipeline:0123abc"}, "cpu_image is not an image reference"),
+        ({"cpu_image": "ghcr.io/Acme/tfx-pipeline:0123abc"}, "cpu_image is not an image ref"),
         ({"gpu_count": "-1"}, "gpu_count"),
         ({"gpu_node_selector": "gpu"}, "gpu_node_selector"),
     ],
@@ -112,9 +126,12 @@ def test_cli_exits_non_zero_with_the_field_named_before_importing_tensorflow(tmp
         ({"min_auc": "nan"}, "min_auc must be a finite number"),
         ({"learning_rate": "inf"}, "learning_rate must be a finite number"),
         ({"drift": "-0.5"}, "drift must be >= 0"),
-        ({"hidden_units": "[64, 32.5]"}, "hidden_units: cannot read"),
-        ({"hidden_units": "64,,32"}, "hidden_units: cannot read"),
-        ({"hidden_units": "64,0"}, "hidden_units must be one or more positive"),
+        ({"hyperparameters": "[64, 32]"}, "hyperparameters must be a JSON object"),
+        ({"hyperparameters": "{hidden_units: 3}"}, "hyperparameters must be a JSON object"),
+        ({"hyperparameters": '{"hiden_units": [8]}'}, "'hiden_units' is not a hyperparameter"),
+        ({"hyperparameters": '{"hidden_units": 8}'}, "'hidden_units' must be like [64, 32]"),
+        ({"use_case": "no_such_case"}, "unknown use case 'no_such_case'"),
+        ({"use_case": "../x"}, "use_case must be a use case's name"),
         ({"model_name": ".."}, "model_name must be one folder name"),
         ({"serving_root": ""}, "serving_root must not be empty"),
         ({"max_auc_drop": "-0.1"}, "max_auc_drop must be between 0 and 1"),

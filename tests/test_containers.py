@@ -19,11 +19,13 @@ import urllib.parse
 
 import pytest
 
-from components import registry
-from components.registry import complete_versions as pushed_versions
-from components.registry import versions_dir as serving_model_dir
-from pipelines import data, images, kubeflow_runner, serving, storage
-from pipelines.config import REPO_ROOT, SECRET_KEYS, WORK_DIR, PipelineConfig
+from components.base import registry, storage
+from components.base.config import REPO_ROOT, SECRET_KEYS, WORK_DIR, PipelineConfig
+from components.base.registry import complete_versions as pushed_versions
+from components.base.registry import versions_dir as serving_model_dir
+from pipelines import data
+from pipelines.kubeflow import images, kubeflow_runner
+from pipelines.serving import samples as serving
 from tests import kfp_harness
 from tests.kfp_containers import ContainerRuntime, missing_for_images
 
@@ -50,7 +52,7 @@ def test_gpu_image_installs_python_exactly_as_the_cpu_image():
 
 def test_image_tags_carry_the_project_version():
     version = re.search(r'^version = "([^"]+)"', (REPO_ROOT / "pyproject.toml").read_text(), re.M)
-    config = PipelineConfig()
+    config = PipelineConfig.load(environ={})
     assert config.cpu_image.endswith(f":{version.group(1)}")
     assert config.gpu_image.endswith(f":{version.group(1)}")
 
@@ -67,7 +69,7 @@ def step_image():
         timeout=2400,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    image = PipelineConfig().cpu_image
+    image = PipelineConfig.load(environ={}).cpu_image
     assert f"Built {image} in " in result.stdout
     return images.engine(), image, time.monotonic() - started
 
@@ -80,15 +82,19 @@ def test_the_image_is_lean_and_runs_as_a_non_root_user(step_image):
     probe = (
         "id -u; test ! -e /app/tests; test ! -e /app/.git; test ! -e /app/.venv; "
         "test ! -e /root/.cache/uv; command -v gcc cc || echo no-compiler; "
-        "python -c 'import pipelines.kfp_entrypoint, importlib.metadata as m; "
+        "python -c 'import pipelines.kubeflow.kfp_entrypoint, importlib.metadata as m; "
         'print(m.version("tfx-kubeflow-pipeline"))\''
     )
     out = engine.run("run", "--rm", "--network=none", image, "sh", "-c", probe).stdout.split()
-    assert out == ["1000", "no-compiler", PipelineConfig().cpu_image.rsplit(":", 1)[1]]
+    assert out == [
+        "1000",
+        "no-compiler",
+        PipelineConfig.load(environ={}).cpu_image.rsplit(":", 1)[1],
+    ]
 
 
 def _backend(bucket: str, work_dir, runtime: ContainerRuntime) -> kfp_harness.Backend:
-    config = PipelineConfig()
+    config = PipelineConfig.load(environ={})
     return kfp_harness.Backend(
         pipeline_root=f"s3://{bucket}/pipeline_root",
         images={config.cpu_image: REPO_ROOT / "kubeflow" / "Dockerfile"},
@@ -100,7 +106,7 @@ def _backend(bucket: str, work_dir, runtime: ContainerRuntime) -> kfp_harness.Ba
 
 def _spec_for_this_machine() -> tuple[dict, dict]:
     """The spec as compiled for a cluster without GPUs: the Trainer on the CPU image."""
-    config = PipelineConfig()
+    config = PipelineConfig.load(environ={})
     return kubeflow_runner.compile_documents(
         PipelineConfig(gpu_count=0, gpu_image=config.cpu_image)
     )  # fmt: skip
@@ -136,7 +142,7 @@ def test_compiled_spec_runs_each_task_in_its_own_container_and_pushes(
     assert len(serving.predict(versions[1], rows)) == 50
     # The step's log comes from inside its container: the image's paths, not the host's.
     log = storage.read_bytes(run.outputs("trainer")["executor-logs"]["uri"]).decode()
-    assert "/opt/venv/lib/python3.10" in log or "components.trainer" in log
+    assert "/opt/venv/lib/python3.10" in log or "components.steps.trainer" in log
     for figure in runtime.figures:
         assert figure["exit_code"] == 0 and not figure["oom_killed"], figure
         assert figure["start_up_s"] is not None, figure  # the executor's first line was seen

@@ -1,10 +1,11 @@
-"""CSV input as uploads really come (components/csv_input.py), on a real SeaweedFS server and on
+"""CSV input as uploads really come (components/steps/csv_input.py), on a real SeaweedFS server and
+on
 local disk.
 
 Accepted: a UTF-8 file with a byte-order mark and CRLF line endings, a file with its columns in
 another order, a gzip-compressed `.csv.gz` file and a declared latin-1 file all give, read by
 `ReadCsvRecords` on Beam's DirectRunner, the same rows as the plain file, quoted commas and
-newlines included, and `_CsvFilesToExample` turns them into the same tf.Examples as tfx's stock
+newlines included, and `CsvFilesToExample` turns them into the same tf.Examples as tfx's stock
 decoding of the plain rows. Refused, each with a message naming the file, the line where it is
 known, the problem and the fix: undecodable text, a cut-off last row, binary or compressed data
 under a `.csv` name, a repeated header, an empty file, a header without rows, differing column
@@ -25,11 +26,12 @@ from apache_beam.testing.util import assert_that, equal_to
 from tfx.components.example_gen.csv_example_gen import executor as csv_executor
 from tfx_bsl.coders import csv_decoder
 
-from components.csv_input import CsvInputError, ReadCsvRecords, check_csv_files
-from components.example_gen import _CsvFilesToExample
-from components.features import RAW_COLUMNS
-from pipelines import data, storage
-from pipelines.errors import ActionableError, actionable_cause
+from components.base import storage
+from components.base.errors import ActionableError, actionable_cause
+from components.steps.csv_input import CsvInputError, ReadCsvRecords, check_csv_files
+from components.steps.example_gen import CsvFilesToExample
+from components.use_cases.taxi import data as taxi_data
+from components.use_cases.taxi.features import RAW_COLUMNS
 
 ENCODING_HINT = ("input_encoding", "--set input_encoding=latin-1", "PIPELINE_INPUT_ENCODING")
 CUT_OFF = ("the last row is cut off", "upload the file again")
@@ -48,7 +50,7 @@ def root(request, tmp_path) -> str:
 
 def _frame(rows: int = 12, ascii_only: bool = False):
     """Generated trips whose row 0 holds AWKWARD and row 1 "Café Cab" (ö, é -> o, e: ascii_only)."""
-    frame = data.generate_trips(rows, span=0)
+    frame = taxi_data.generate_span(rows, span=0)
     frame.loc[0, "company"], frame.loc[1, "company"] = AWKWARD, "Café Cab"
     if ascii_only:
         frame["company"] = frame["company"].str.replace("ö", "o").str.replace("é", "e")
@@ -138,7 +140,7 @@ def test_example_gen_transform_gives_the_stock_examples_of_the_plain_rows(root):
     expected = [_example_key(e) for e in _stock_examples(_rows(plain_text))] * len(files)
 
     with beam.Pipeline() as pipeline:
-        examples = pipeline | _CsvFilesToExample(exec_properties, "*")
+        examples = pipeline | CsvFilesToExample(exec_properties, "*")
         assert_that(examples | beam.Map(_example_key), equal_to(expected))
 
 
@@ -259,7 +261,7 @@ def test_refused_file_names_the_file_the_line_the_problem_and_the_fix(root, case
 
 
 def test_a_cut_off_gzip_file_names_the_lines_read_before_the_cut(root):
-    text = _csv(data.generate_trips(20_000, span=0))
+    text = _csv(taxi_data.generate_span(20_000, span=0))
     compressed = gzip.compress(text.encode())
     path = _write(root, "part.csv.gz", compressed[: len(compressed) // 2])
 

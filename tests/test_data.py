@@ -5,19 +5,21 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from components import features
-from pipelines import data, storage
+from components.base import storage
+from components.use_cases.taxi import data as taxi_data
+from components.use_cases.taxi import features
+from pipelines import data
 
 
 def test_same_arguments_give_identical_data_and_spans_differ():
-    first = data.generate_trips(1000, span=0)
-    assert first.equals(data.generate_trips(1000, span=0))
-    assert not first.equals(data.generate_trips(1000, span=1))
+    first = taxi_data.generate_span(1000, span=0)
+    assert first.equals(taxi_data.generate_span(1000, span=0))
+    assert not first.equals(taxi_data.generate_span(1000, span=1))
     assert list(first.columns) == features.RAW_COLUMNS
 
 
 def test_label_has_signal_a_simple_model_can_learn():
-    frame = data.generate_trips(6000, span=0)
+    frame = taxi_data.generate_span(6000, span=0)
     x = np.column_stack(
         [
             frame["payment_type"] == "Credit Card",
@@ -33,8 +35,8 @@ def test_label_has_signal_a_simple_model_can_learn():
 
 
 def test_missing_values_and_drift():
-    base = data.generate_trips(5000, span=5, drift=0.0)
-    drifted = data.generate_trips(5000, span=5, drift=1.0)
+    base = taxi_data.generate_span(5000, span=5, drift=0.0)
+    drifted = taxi_data.generate_span(5000, span=5, drift=1.0)
     assert 0.01 < base["company"].isna().mean() < 0.06
     assert 0.02 < base["pickup_community_area"].isna().mean() < 0.08
     assert drifted["trip_miles"].mean() > 1.3 * base["trip_miles"].mean()
@@ -46,8 +48,8 @@ def test_drift_shifts_every_span_number_by_the_same_amount():
     """A strength means one shift from the undrifted population, whatever the span's number."""
     shifts = []
     for span in (0, 1, 9):
-        base = data.generate_trips(4000, span=span)
-        drifted = data.generate_trips(4000, span=span, drift=data.DEFAULT_DRIFT)
+        base = taxi_data.generate_span(4000, span=span)
+        drifted = taxi_data.generate_span(4000, span=span, drift=data.DEFAULT_DRIFT)
         mobile = (drifted["payment_type"] == "Mobile").mean()
         shifts.append(
             (
@@ -59,9 +61,11 @@ def test_drift_shifts_every_span_number_by_the_same_amount():
         assert miles_ratio == pytest.approx(shifts[0][0], rel=0.05)
         assert mobile_gain == pytest.approx(shifts[0][1], abs=0.03)
         assert miles_ratio > 2 and mobile_gain > 0.15  # what the drift check must catch
-    assert data.generate_trips(500, span=3, drift=0.0).equals(data.generate_trips(500, span=3))
+    assert taxi_data.generate_span(500, span=3, drift=0.0).equals(
+        taxi_data.generate_span(500, span=3)
+    )
     with pytest.raises(ValueError, match="drift must be >= 0"):
-        data.generate_trips(10, span=0, drift=-0.5)
+        taxi_data.generate_span(10, span=0, drift=-0.5)
 
 
 def test_spans_are_written_in_order_split_into_files_and_never_overwritten(tmp_path):
@@ -84,4 +88,4 @@ def test_spans_are_written_in_order_split_into_files_and_never_overwritten(tmp_p
 
 def test_zero_rows_is_refused():
     with pytest.raises(ValueError, match="num_rows"):
-        data.generate_trips(0, span=0)
+        taxi_data.generate_span(0, span=0)

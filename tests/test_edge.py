@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from components import edge, model
+from components.steps import edge
+from components.training import export
 
 
 def raw_columns(frame: pd.DataFrame, dtypes: dict[str, tf.DType]) -> dict[str, list]:
@@ -27,8 +28,8 @@ def test_tflite_predictions_match_serving_default(trained, to_examples):
     assert eval_frame["company"].isna().any() and eval_frame["pickup_community_area"].isna().any()
     loaded = tf.saved_model.load(fn_args.serving_model_dir)
     examples = tf.constant(to_examples(eval_frame, with_label=False))
-    expected = loaded.signatures[model.SERVING_SIGNATURE](examples=examples)["outputs"].numpy()
-    raw_spec = loaded.signatures[model.RAW_SIGNATURE].structured_input_signature[1]
+    expected = loaded.signatures[export.SERVING_SIGNATURE](examples=examples)["outputs"].numpy()
+    raw_spec = loaded.signatures[export.RAW_SIGNATURE].structured_input_signature[1]
 
     tflite_model = edge.export_tflite(fn_args.serving_model_dir)
     columns = raw_columns(eval_frame, {key: spec.dtype for key, spec in raw_spec.items()})
@@ -50,9 +51,9 @@ def test_the_pusher_puts_warm_up_requests_and_the_edge_model_into_the_version(
 ):
     """A real model through the Pusher with export_tflite=1: the version TF Serving loads holds
     the warm-up requests (replayed here as `tkp serve` does) and the TFLite model."""
-    from components.pusher import EDGE_MODEL_PATH
-    from pipelines import storage
-    from pipelines.servable import Servable
+    from components.base import storage
+    from components.steps.pusher import EDGE_MODEL_PATH
+    from pipelines.serving.servable import Servable
     from tests.test_components import (
         MODEL_NAME,
         _blessing,

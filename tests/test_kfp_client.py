@@ -1,4 +1,5 @@
-"""Tests of pipelines/kfp_client.py: cron normalization, endpoint checks, submit/schedule/pause.
+"""Tests of pipelines/kubeflow/kfp_client.py: cron normalization, endpoint checks,
+submit/schedule/pause.
 
 The KFP API server cannot run here (no Kubernetes): tests/kfp_api_stand_in.py stands in for it.
 These tests check what our code sends (and that nothing is sent when a local check fails), not
@@ -13,9 +14,9 @@ import time
 import kfp
 import pytest
 
-from pipelines import kfp_client
-from pipelines.errors import ActionableError
-from pipelines.kfp_client import KubeflowError
+from components.base.errors import ActionableError
+from pipelines.kubeflow import kfp_client
+from pipelines.kubeflow.kfp_client import KubeflowError
 from tests.kfp_api_stand_in import API, SPEC, FakeKfpApi
 
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pipelines import kfp_entrypoint
-from pipelines.config import ConfigError
+from components.base.config import ConfigError
+from pipelines.kubeflow import kfp_entrypoint
 
 
 def _executor_input(tmp_path) -> dict:

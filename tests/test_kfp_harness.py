@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from pipelines import storage
+from components.base import storage
 from tests import kfp_harness
 from tests.kfp_harness import TaskFailed, UnsupportedByKubeflow
 
@@ -22,7 +22,7 @@ SECRET = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # Every step: the ExecutorInput, the launcher's local paths, and an output writer.
 PRELUDE = """
 import json, os, sys
-from pipelines.kfp_entrypoint import local_path
+from components.base.launcher_paths import local_path
 executor_input = json.loads(sys.argv[1])
 inputs = {k: v["artifacts"][0] for k, v in executor_input["inputs"].get("artifacts", {}).items()}
 outputs = {k: v["artifacts"][0] for k, v in executor_input["outputs"]["artifacts"].items()}
@@ -141,7 +141,7 @@ def test_the_launchers_log_file_is_an_output_of_every_task_and_holds_the_steps_o
 
 
 def test_a_step_that_makes_folders_over_every_output_fails_on_the_log_file(backend):
-    # What pipelines/kfp_entrypoint.py did before: os.makedirs on every output path.
+    # What pipelines/kubeflow/kfp_entrypoint.py did before: os.makedirs on every output path.
     makes_folders = {
         "script": "[os.makedirs(local_path(o['uri']), exist_ok=True) for o in outputs.values()]",
         "outputs": ["out"],
@@ -175,7 +175,7 @@ def test_an_output_reported_at_a_local_path_is_not_uploaded_and_its_consumer_say
         "outputs": ["out"],
     }
     checks_inputs = {
-        "script": "from pipelines.kfp_entrypoint import prepare; prepare(executor_input)",
+        "script": "from pipelines.kubeflow.kfp_entrypoint import prepare; prepare(executor_input)",
         "inputs": {"data": ("producer", "out")},
     }
     with pytest.raises(TaskFailed, match="MissingInputError: input artifact 'data' has no files"):
@@ -229,7 +229,7 @@ def test_a_cache_hit_hands_on_the_earlier_runs_artifacts_even_after_they_were_de
     assert backend.run(retagged, PLATFORM, {}).tasks["producer"].state == "executed"
 
     backend.expire(first)  # e.g. an object-store lifecycle rule on the pipeline root
-    checks_inputs = dict(CONSUMER, script="from pipelines.kfp_entrypoint import prepare\n"
+    checks_inputs = dict(CONSUMER, script="from pipelines.kubeflow.kfp_entrypoint import prepare\n"
                          "prepare(executor_input)")  # fmt: skip
     spec["deploymentSpec"]["executors"]["exec-consumer"] = spec_of({"consumer": checks_inputs})[
         "deploymentSpec"

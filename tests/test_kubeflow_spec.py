@@ -13,19 +13,22 @@ import pytest
 from google.protobuf import json_format
 from kfp.kubernetes import kubernetes_executor_config_pb2
 
-from components import registry
-from components.evaluation import ROC_THRESHOLDS, VERDICT_FILE
-from components.registry import complete_versions as pushed_versions
-from components.registry import versions_dir as serving_model_dir
-from pipelines import data, kubeflow_runner, serving, storage
-from pipelines.config import (
+from components.base import registry, storage, use_case
+from components.base.config import (
     REPO_ROOT,
     RULES,
     RUN_PARAMETER_HELP,
     RUN_PARAMETERS,
     SECRET_KEYS,
     PipelineConfig,
+    spec_path,
 )
+from components.base.registry import complete_versions as pushed_versions
+from components.base.registry import versions_dir as serving_model_dir
+from components.steps.evaluation import ROC_THRESHOLDS, VERDICT_FILE
+from pipelines import data
+from pipelines.kubeflow import kubeflow_runner
+from pipelines.serving import samples as serving
 from tests import kfp_harness
 
 
@@ -34,9 +37,17 @@ def documents() -> tuple[dict, dict]:
     return kubeflow_runner.load_documents()
 
 
-def test_committed_spec_matches_the_pipeline_definition():
-    expected = kubeflow_runner.render(PipelineConfig.load(environ={}))
-    assert kubeflow_runner.SPEC_PATH.read_text() == expected, "stale: run `make compile`"
+@pytest.mark.parametrize("name", use_case.shipped())
+def test_committed_spec_matches_the_pipeline_definition(name):
+    """One committed spec per shipped use case, each as `make compile` writes it."""
+    expected = kubeflow_runner.render(PipelineConfig.load({"use_case": name}, environ={}))
+    assert spec_path(name).read_text() == expected, "stale: run `make compile`"
+
+
+def test_each_spec_file_is_a_shipped_use_case():
+    """No spec left behind by a use case that was renamed or removed."""
+    committed = {path.name for path in (REPO_ROOT / "kubeflow").glob("pipeline-*.yaml")}
+    assert committed == {spec_path(name).name for name in use_case.shipped()}
 
 
 def test_spec_loads_strictly_and_has_nothing_open_source_kfp_rejects(documents):
@@ -47,12 +58,15 @@ def test_spec_loads_strictly_and_has_nothing_open_source_kfp_rejects(documents):
     defaults = {
         n: p["defaultValue"] for n, p in spec["root"]["inputDefinitions"]["parameters"].items()
     }
-    assert defaults["span"] == -1 and defaults["train_steps"] == PipelineConfig().train_steps
+    assert (
+        defaults["span"] == -1
+        and defaults["train_steps"] == PipelineConfig.load(environ={}).train_steps
+    )
     tasks = spec["root"]["dag"]["tasks"]
     for step in kubeflow_runner.UNCACHED_STEPS:
         assert tasks[kubeflow_runner.task_name(step)]["cachingOptions"] == {"enableCache": False}
     assert tasks["trainer"]["cachingOptions"] == {"enableCache": True}
-    assert json.loads(defaults["beam_args"]) == list(PipelineConfig().beam_args)
+    assert json.loads(defaults["beam_args"]) == list(PipelineConfig.load(environ={}).beam_args)
     for task in spec["root"]["dag"]["tasks"].values():
         assert task["inputs"]["parameters"]["beam_args"] == {"componentInputParameter": "beam_args"}
     for executor in spec["deploymentSpec"]["executors"].values():
@@ -61,7 +75,7 @@ def test_spec_loads_strictly_and_has_nothing_open_source_kfp_rejects(documents):
 
 def test_trainer_requests_a_gpu_and_every_step_has_limits_and_pinned_images(documents):
     spec, _ = documents
-    config = PipelineConfig()
+    config = PipelineConfig.load(environ={})
     for label, executor in spec["deploymentSpec"]["executors"].items():
         container = executor["container"]
         assert container["command"] == kubeflow_runner.ENTRYPOINT
@@ -153,7 +167,7 @@ def _throttled(check, seconds: float = 1.0):
 
 def _backend(bucket: str, work_dir) -> kfp_harness.Backend:
     """KFP 2.5 in namespace `kubeflow`: the compiled images' Dockerfiles, the credentials Secret."""
-    config = PipelineConfig()
+    config = PipelineConfig.load(environ={})
     return kfp_harness.Backend(
         pipeline_root=f"s3://{bucket}/pipeline_root",
         images={
@@ -382,7 +396,7 @@ def test_trainer_task_carries_the_retry_policy_argo_needs(documents):
     spec, _ = documents
     tasks = spec["root"]["dag"]["tasks"]
     policy = tasks["trainer"]["retryPolicy"]
-    assert policy == {"maxRetryCount": PipelineConfig().trainer_retries,
+    assert policy == {"maxRetryCount": PipelineConfig.load(environ={}).trainer_retries,
                       "backoffDuration": "30s", "backoffFactor": 2}  # fmt: skip
     assert "backoffMaxDuration" not in policy  # Argo would count it from the first attempt
     assert [name for name, task in tasks.items() if "retryPolicy" in task] == ["trainer"]

@@ -10,8 +10,9 @@ import tensorflow as tf
 from sklearn.metrics import roc_auc_score
 from tfx.components.trainer import fn_args_utils
 
-from components import distribution, features, model
-from tests.trained_model import EVAL_ROWS, fn_args_for
+from components.training import distribution, export, loop
+from components.use_cases.taxi import features
+from tests.trained_model import EVAL_ROWS, fn_args_for, trainer_settings
 
 
 def test_exported_model_scores_raw_examples(trained, to_examples):
@@ -47,7 +48,7 @@ def test_tensorboard_logs_and_a_finished_training_leaves_no_backup(trained):
     logs = tf.io.gfile.glob(f"{fn_args.model_run_dir}/logs/*/events.out.tfevents.*")
     assert {os.path.basename(os.path.dirname(p)) for p in logs} == {"train", "validation"}
     assert not os.path.exists(f"{fn_args.model_run_dir}/backup")
-    summary = json.loads(open(f"{fn_args.model_run_dir}/{model.TRAINING_SUMMARY}").read())
+    summary = json.loads(open(f"{fn_args.model_run_dir}/{loop.TRAINING_SUMMARY}").read())
     assert summary["steps"] == 30 and summary["stopped"] == "completed"
     assert (summary["strategy"], summary["replicas"], summary["workers"]) == ("one_device", 1, 1)
     assert summary["examples_per_second"] > 0
@@ -55,8 +56,8 @@ def test_tensorboard_logs_and_a_finished_training_leaves_no_backup(trained):
 
 def _run_and_get_log_line(fn_args: fn_args_utils.FnArgs, caplog) -> str:
     """Runs run_fn and returns its one 'Training:' log line."""
-    with caplog.at_level(logging.INFO, logger="components.model"):
-        model.run_fn(fn_args)
+    with caplog.at_level(logging.INFO, logger="components.training.loop"):
+        loop.run_fn(fn_args)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Training:")]
     return line
 
@@ -68,7 +69,7 @@ def test_mixed_precision_run_serves_float32(tmp_path, transformed, to_examples, 
         tmp_path,
         train_steps=2,
         eval_steps=1,
-        custom_config={"epochs": 1, "mixed_precision": "on"},
+        custom_config=trainer_settings(epochs=1, mixed_precision="on"),
     )
     line = _run_and_get_log_line(fn_args, caplog)
     assert "strategy=OneDeviceStrategy" in line and "CPU:0" in line
@@ -151,12 +152,12 @@ def test_choose_strategy_with_two_fake_gpus_mirrors():
     ],
 )
 def test_use_mixed_precision(setting, num_gpus, expected):
-    assert model.use_mixed_precision(setting, num_gpus) is expected
+    assert loop.use_mixed_precision(setting, num_gpus) is expected
 
 
 def test_use_mixed_precision_rejects_unknown_setting():
     with pytest.raises(ValueError, match="mixed_precision"):
-        model.use_mixed_precision("fp16", 1)
+        loop.use_mixed_precision("fp16", 1)
 
 
 def test_classify_and_raw_feature_signatures_agree_with_serving_default(trained, to_examples):
@@ -169,16 +170,16 @@ def test_classify_and_raw_feature_signatures_agree_with_serving_default(trained,
     rows.loc[rows.index[0], "company"] = None
     rows.loc[rows.index[1], "pickup_community_area"] = None
     examples = tf.constant(to_examples(rows, with_label=False))
-    expected = loaded.signatures[model.SERVING_SIGNATURE](examples=examples)["outputs"].numpy()
+    expected = loaded.signatures[export.SERVING_SIGNATURE](examples=examples)["outputs"].numpy()
 
-    classified = loaded.signatures[model.CLASSIFY_SIGNATURE](inputs=examples)
-    assert [c.decode() for c in classified["classes"].numpy()[0]] == list(model.CLASS_LABELS)
+    classified = loaded.signatures[export.CLASSIFY_SIGNATURE](inputs=examples)
+    assert [c.decode() for c in classified["classes"].numpy()[0]] == list(export.CLASS_LABELS)
     np.testing.assert_allclose(classified["scores"].numpy()[:, 1], expected[:, 0], rtol=1e-6)
     np.testing.assert_allclose(classified["scores"].numpy().sum(axis=1), 1.0, rtol=1e-6)
-    regressed = loaded.signatures[model.REGRESS_SIGNATURE](inputs=examples)["outputs"]
+    regressed = loaded.signatures[export.REGRESS_SIGNATURE](inputs=examples)["outputs"]
     np.testing.assert_allclose(regressed.numpy(), expected, rtol=1e-6)
 
-    raw = loaded.signatures[model.RAW_SIGNATURE]
+    raw = loaded.signatures[export.RAW_SIGNATURE]
     inputs = {}
     for key, spec in raw.structured_input_signature[1].items():
         column = rows[key]

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines import object_store as object_store_module
-from pipelines import storage
-from pipelines.kfp_entrypoint import local_path
-from pipelines.object_store import s3_client
+from components.base import object_store as object_store_module
+from components.base import storage
+from components.base.launcher_paths import local_path
+from components.base.object_store import s3_client
 from tests.kfp_launcher import download
 
 

@@ -14,7 +14,7 @@ import subprocess
 import boto3
 import pytest
 
-from pipelines.object_store import EmbeddedObjectStore, StoreError
+from components.base.object_store import EmbeddedObjectStore, StoreError
 from tests import cli_process
 from tests.cli_process import SENTINEL_KEY_ID, alive, store_pid, wait_gone
 

@@ -15,16 +15,19 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from components import registry, warmup
-from components.checkpoints import CHECKPOINTS_FOLDER
-from components.example_gen import ExampleGenInputError
-from components.registry import complete_versions as pushed_versions
-from components.validation import DataValidationError
-from pipelines import data, serving, storage
-from pipelines.config import PipelineConfig
-from pipelines.errors import actionable_cause
-from pipelines.local_runner import run_pipeline
+from components.base import registry, storage
+from components.base.config import PipelineConfig
+from components.base.errors import actionable_cause
+from components.base.registry import complete_versions as pushed_versions
+from components.steps import warmup
+from components.steps.example_gen import ExampleGenInputError
+from components.steps.validation import DataValidationError
+from components.training.checkpoints import CHECKPOINTS_FOLDER
+from components.use_cases.taxi import data as taxi_data
+from pipelines import data
+from pipelines.local.local_runner import run_pipeline
 from pipelines.run_summary import format_summary
+from pipelines.serving import samples as serving
 from tests.retraining_loop import assert_gate_agrees, loop_config
 
 
@@ -65,7 +68,7 @@ def test_first_span_ends_with_a_pushed_model_that_answers(loop):
     assert probabilities.shape == (400,)
     assert ((probabilities >= 0) & (probabilities <= 1)).all()
     assert roc_auc_score(labels, probabilities) > 0.7  # 0.922-0.929 in 10 loops
-    # TF Serving's warm-up requests ride along in the version (components/warmup.py).
+    # TF Serving's warm-up requests ride along in the version (components/steps/warmup.py).
     assert storage.list_files(f"{summary.pushed_path}/{warmup.WARMUP_PATH}")
     record = registry.read_record(config.serving_model_dir, 1)
     assert record["span"] == 0 and list(record["spans"]) == ["0"]
@@ -186,7 +189,7 @@ def _write_csv(config: PipelineConfig, span: int, body: bytes) -> str:
 def test_span_with_missing_column_stops_at_validation_and_pushes_nothing(loop, tmp_path):
     config = _bad_span_config(loop, tmp_path, "missing-column")
     versions_before = pushed_versions(config.serving_model_dir)
-    frame = data.generate_trips(2000, span=0).drop(columns=["fare"])
+    frame = taxi_data.generate_span(2000, span=0).drop(columns=["fare"])
     _write_csv(config, 0, frame.to_csv(index=False, na_rep="").encode())
 
     with pytest.raises(Exception) as raised:
@@ -201,7 +204,7 @@ def test_span_with_missing_column_stops_at_validation_and_pushes_nothing(loop, t
 def test_span_with_wrong_type_stops_at_validation(loop, tmp_path):
     config = _bad_span_config(loop, tmp_path, "wrong-type")
     versions_before = pushed_versions(config.serving_model_dir)
-    frame = data.generate_trips(2000, span=0)
+    frame = taxi_data.generate_span(2000, span=0)
     frame["trip_seconds"] = frame["trip_seconds"].astype(str)
     frame.loc[::50, "trip_seconds"] = "about ten minutes"
     _write_csv(config, 0, frame.to_csv(index=False, na_rep="").encode())

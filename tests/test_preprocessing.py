@@ -14,10 +14,10 @@ from tfx.proto import example_gen_pb2
 from tfx.types import standard_artifacts
 from tfx.utils import io_utils
 
-from components import features, preprocessing
-from components.schema import CuratedSchemaExecutor
-from pipelines import data
-from pipelines.config import PipelineConfig
+from components.base.config import PipelineConfig
+from components.steps.schema import CuratedSchemaExecutor
+from components.use_cases.taxi import data as taxi_data
+from components.use_cases.taxi import features, preprocessing
 
 xf = features.transformed_name
 NUM_ROWS = 200
@@ -25,7 +25,7 @@ NUM_ROWS = 200
 
 @pytest.fixture(scope="module")
 def frame() -> pd.DataFrame:
-    return data.generate_trips(NUM_ROWS, span=0)
+    return taxi_data.generate_span(NUM_ROWS, span=0)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,11 @@ def pipeline_raw_feature_spec(tmp_path_factory) -> dict:
     """
     from pipelines.pipeline import create_pipeline  # heavy (TFMA, Kubeflow); only this test
 
-    (node,) = [c for c in create_pipeline(PipelineConfig()).components if c.id == "CuratedSchema"]
+    (node,) = [
+        c
+        for c in create_pipeline(PipelineConfig.load(environ={})).components
+        if c.id == "CuratedSchema"
+    ]
     schema = standard_artifacts.Schema()
     schema.uri = str(tmp_path_factory.mktemp("curated_schema"))
     CuratedSchemaExecutor().Do({}, {"schema": [schema]}, dict(node.exec_properties))

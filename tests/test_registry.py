@@ -1,4 +1,5 @@
-"""The serving directory as registry (components/registry.py, pipelines/models.py), on SeaweedFS:
+"""The serving directory as registry (components/base/registry.py, pipelines/models.py), on
+SeaweedFS:
 which version serves, rollback, pruning, race-free version numbers, the quality slide check."""
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ import time
 
 import pytest
 
-from components import registry
-from components.evaluation import quality_gate
-from components.pusher import push_version
-from pipelines import models, storage
-from pipelines.config import PipelineConfig
+from components.base import registry, storage
+from components.base.config import PipelineConfig
+from components.steps.evaluation import quality_gate
+from components.steps.pusher import push_version
+from pipelines import models
 
 
 def _model(tmp_path, tag: str) -> str:
@@ -25,7 +26,9 @@ def _model(tmp_path, tag: str) -> str:
 
 
 def _config(bucket: str) -> PipelineConfig:
-    return PipelineConfig(serving_root=f"s3://{bucket}/serving", data_root=f"s3://{bucket}/data")
+    return PipelineConfig.load(
+        {"serving_root": f"s3://{bucket}/serving", "data_root": f"s3://{bucket}/data"}, environ={}
+    )
 
 
 def _push(tmp_path, folder: str, tag: str) -> int:
@@ -205,8 +208,8 @@ def test_a_poller_does_not_remember_a_state_the_store_left_during_its_sync(objec
     """A push's model config landing between a poller's probe and its sync must not be
     remembered as the probe's state: a rollback writing back the older, byte-identical config
     would match it and never be synced (seen as a flaky rollback in test_serve_reload)."""
-    from pipelines import serving_sync
-    from pipelines.object_store import s3_client
+    from components.base.object_store import s3_client
+    from pipelines.serving import serving_sync
 
     folder = f"s3://{object_store.new_bucket('reg-probe')}/serving/taxi-tips"
     storage.write_bytes(storage.join(folder, registry.MODEL_CONFIG_FILE), b"serves 1")

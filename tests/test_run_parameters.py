@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 from tfx.types import standard_artifacts
 
-from components.baseline import LatestPushedModelExecutor
-from components.evaluation import ThresholdEvaluatorExecutor
-from components.pusher import VersionedPusherExecutor
-from components.span_selection import SelectSpansExecutor
-from components.trainer import TunableTrainerExecutor
-from pipelines.config import ConfigError
+from components.base.config import ConfigError
+from components.steps.baseline import LatestPushedModelExecutor
+from components.steps.evaluation import ThresholdEvaluatorExecutor
+from components.steps.pusher import VersionedPusherExecutor
+from components.steps.span_selection import SelectSpansExecutor
+from components.steps.trainer import TunableTrainerExecutor
 
 
 def _artifact(kind, uri: str):

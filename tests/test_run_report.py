@@ -14,10 +14,9 @@ import subprocess
 import pytest
 from google.protobuf import json_format
 
-from components import registry
-from components.evaluation import ROC_THRESHOLDS
-from components.run_report import LABELS
-from pipelines import storage
+from components.base import registry, storage
+from components.steps.evaluation import ROC_THRESHOLDS
+from components.use_cases.taxi import USE_CASE
 from pipelines.run_summary import STEP_ORDER
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -66,7 +65,7 @@ def check_against_the_evaluation(view: dict, summary) -> None:
     assert recalls[0] == 1 and recalls == sorted(recalls, reverse=True)
     # The confusion matrix at 0.5 holds every eval example and gives the Evaluator's accuracy.
     matrix = curves["confusionMatrix"]
-    assert [spec["displayName"] for spec in matrix["annotationSpecs"]] == list(LABELS)
+    assert [spec["displayName"] for spec in matrix["annotationSpecs"]] == list(USE_CASE.class_names)
     (tn, fp), (fn, tp) = (row["row"] for row in matrix["rows"])
     assert tn + fp + fn + tp == overall["example_count"]
     assert (tn + tp) / overall["example_count"] == approx(overall["binary_accuracy"])

@@ -2,7 +2,8 @@
 
 Expected shapes, status codes and messages are those of TF Serving 2.16.1's REST API
 (https://www.tensorflow.org/tfx/serving/api_rest, and its source as cited in
-pipelines/tfs_json.py and pipelines/servable.py). The server runs in a thread on loopback; the
+pipelines/serving/tfs_json.py and pipelines/serving/servable.py). The server runs in a thread on
+loopback; the
 versions come from a real SeaweedFS store through the same mirror the Kubernetes sidecar uses.
 """
 
@@ -16,18 +17,19 @@ import pytest
 import requests
 import tensorflow as tf
 
-from components import features, registry, warmup
-from components.model import (
+from components.base import registry, storage
+from components.steps import warmup
+from components.steps.pusher import push_version
+from components.training.export import (
     CLASSIFY_SIGNATURE,
     RAW_SIGNATURE,
     REGRESS_SIGNATURE,
     SERVING_SIGNATURE,
 )
-from components.pusher import push_version
-from pipelines import storage
-from pipelines.model_server import ModelManager
-from pipelines.serve import start_in_thread
-from pipelines.serving_client import ServingClient, ServingRequestError
+from components.use_cases.taxi import USE_CASE, features
+from pipelines.serving.model_server import ModelManager
+from pipelines.serving.serve import start_in_thread
+from pipelines.serving.serving_client import ServingClient, ServingRequestError
 
 MODEL = "taxi-tips"
 ROWS = 8
@@ -79,9 +81,9 @@ def call(served, method: str, path: str, body=None, raw: bytes | None = None):
 
 
 def b64_instances(served) -> list[dict]:
-    from pipelines.serving import row_to_example
+    from pipelines.serving.samples import row_to_example
 
-    return [{"b64": base64.b64encode(row_to_example(r)).decode()} for r in served["rows"]]
+    return [{"b64": base64.b64encode(row_to_example(r, USE_CASE)).decode()} for r in served["rows"]]
 
 
 # -- status and metadata ----------------------------------------------------------------------
@@ -152,9 +154,9 @@ def test_predict_plain_json_values_through_the_raw_signature(served):
 
 
 def client_typed(row: dict[str, str]) -> dict:
-    from pipelines.serving_client import _typed
+    from pipelines.serving.serving_client import _typed
 
-    typed = _typed(row)
+    typed = _typed(row, USE_CASE)
     typed.setdefault("company", "")
     typed.setdefault("pickup_community_area", 0)
     return typed

@@ -9,11 +9,10 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from components import registry
-from pipelines import storage
-from pipelines.model_server import ModelManager
-from pipelines.serve import start_in_thread
-from pipelines.serving_client import ServingClient
+from components.base import registry, storage
+from pipelines.serving.model_server import ModelManager
+from pipelines.serving.serve import start_in_thread
+from pipelines.serving.serving_client import ServingClient
 from tests.test_serve import MODEL, frame_rows, push
 
 
@@ -160,7 +159,7 @@ def test_serve_and_serving_sync_from_the_command_line(
 def test_a_copy_made_from_another_store_is_not_served_as_this_ones(object_store, tmp_path):
     """Version numbers are unique within one serving directory only: a cache filled from
     another one is emptied, not reused."""
-    from pipelines import serving_sync
+    from pipelines.serving import serving_sync
 
     target = tmp_path / "cache"
     for name in ("a", "b"):
@@ -177,12 +176,15 @@ def test_bench_serving_measures_the_server_next_to_the_saved_model(
 ):
     """A small run of `tkp bench-serving`'s measurement: `tkp serve` as its own process, the
     SavedModel in this one, each batch size at 1 and at N requests in flight."""
-    from pipelines import bench_serving, data
-    from pipelines.config import PipelineConfig
+    from components.base.config import PipelineConfig
+    from pipelines import data
+    from pipelines.bench import bench_serving
 
     fn_args, eval_frame = trained
     bucket = object_store.new_bucket("bench")
-    config = PipelineConfig(serving_root=f"s3://{bucket}/serving", data_root=f"s3://{bucket}/data")
+    config = PipelineConfig.load(
+        {"serving_root": f"s3://{bucket}/serving", "data_root": f"s3://{bucket}/data"}, environ={}
+    )
     push(config.serving_model_dir, fn_args.serving_model_dir, 1,
          to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
     data.write_span(config.data_root, 0, 50)

@@ -25,8 +25,8 @@ import jsonschema
 import pytest
 import yaml
 
+from components.base.config import REPO_ROOT, PipelineConfig
 from pipelines.cli import build_parser, cmd_serving_sync
-from pipelines.config import REPO_ROOT, PipelineConfig
 
 SCHEMAS = REPO_ROOT / "tests" / "schemas"
 K8S_SWAGGER = SCHEMAS / "kubernetes-1.29-swagger.json.gz"
@@ -442,7 +442,7 @@ def test_images_are_exact_tags_and_the_sync_image_is_the_pipeline_cpu_image():
             if image.startswith("tensorflow/serving"):
                 assert image == TF_SERVING_IMAGE
             else:
-                assert image == watch_image == PipelineConfig().cpu_image
+                assert image == watch_image == PipelineConfig.load(environ={}).cpu_image
 
 
 @pytest.mark.parametrize("manifest", ["tf-serving.yaml", "inferenceservice.yaml"])
@@ -467,7 +467,7 @@ def test_tf_serving_flags_ports_and_probes_agree(manifest):
         assert port in ports or port in ports.values(), f"probe port {port} is not declared"
         return ports.get(port, port)
 
-    model_name = PipelineConfig().model_name
+    model_name = PipelineConfig.load(environ={}).model_name
     readiness = server["readinessProbe"]
     assert readiness["httpGet"]["path"] == f"/v1/models/{model_name}/metadata"
     assert port_of(readiness["httpGet"]) == ports["http"]
@@ -581,7 +581,9 @@ def _secret_refs(container: dict) -> set[tuple[str, str, str]]:
 def test_sync_containers_take_the_watch_cronjobs_secret_keys():
     (watch,) = all_containers(CRONJOB)
     expected = _secret_refs(watch)
-    assert {secret for _, secret, _ in expected} == {PipelineConfig().credentials_secret}
+    assert {secret for _, secret, _ in expected} == {
+        PipelineConfig.load(environ={}).credentials_secret
+    }
     assert {key for _, _, key in expected} == {
         "AWS_ACCESS_KEY_ID",
         "AWS_SECRET_ACCESS_KEY",

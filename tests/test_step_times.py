@@ -1,4 +1,4 @@
-"""Step times handed down the DAG (components/step_times.py): what the run report lists."""
+"""Step times handed down the DAG (components/steps/step_times.py): what the run report lists."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from tfx.types import standard_artifacts
 
-from components import kfp_artifacts, step_times
+from components.steps import kfp_artifacts, step_times
 
 
 def _carrying(times: dict) -> standard_artifacts.Examples:

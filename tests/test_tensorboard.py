@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from pipelines import storage, tensorboard
-from pipelines.config import PipelineConfig
-from pipelines.object_store import s3_client, stop_process
+from components.base import storage
+from components.base.config import PipelineConfig
+from components.base.object_store import s3_client, stop_process
+from pipelines.local import tensorboard
 from tests import cli_process
 
 # Per run: epoch_loss per epoch in train/, epoch_auc in validation/.

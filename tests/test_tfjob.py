@@ -1,4 +1,4 @@
-"""Multi-worker training on Kubeflow as a TFJob (components/tfjob.py).
+"""Multi-worker training on Kubeflow as a TFJob (components/training/tfjob.py).
 
 The Kubernetes API server and the Training Operator are the one stand-in (tests/kube_stand_in.py
 says what it plays and from which source). The step's code, the `kubernetes` client, the replica
@@ -20,13 +20,20 @@ from tfx.proto import trainer_pb2
 from tfx.types import standard_artifacts
 from tfx.utils import proto_utils
 
-from components import model, tfjob
-from components.trainer import TunableTrainerExecutor
-from pipelines import kubeflow_runner, storage
-from pipelines.config import REPO_ROOT, SECRET_KEYS, PipelineConfig
-from pipelines.kfp_entrypoint import LOCAL_ROOT_ENV, PIPELINE_FOLDER_ENV, local_path, remote_uri
+from components.base import storage
+from components.base.config import REPO_ROOT, SECRET_KEYS, PipelineConfig
+from components.base.launcher_paths import (
+    LOCAL_ROOT_ENV,
+    PIPELINE_FOLDER_ENV,
+    local_path,
+    remote_uri,
+)
+from components.steps.trainer import TunableTrainerExecutor
+from components.training import loop, tfjob
+from pipelines.kubeflow import kubeflow_runner
 from pipelines.pipeline import tfjob_settings
 from tests.kube_stand_in import KubeStandIn, validate_tfjob
+from tests.trained_model import trainer_settings
 
 NAMESPACE = "kubeflow-user"
 OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "run-1-trainer-pod", "uid": "a-uid"}
@@ -44,7 +51,7 @@ def test_the_tfjob_is_valid_against_the_training_operator_crd_and_webhook():
     assert (specs["Chief"]["replicas"], specs["Worker"]["replicas"]) == (1, 2)
     pod = specs["Worker"]["template"]["spec"]
     (container,) = pod["containers"]
-    config = PipelineConfig()
+    config = PipelineConfig.load(environ={})
     assert container["image"] == config.gpu_image  # the Trainer's image, the Trainer's GPUs
     assert container["resources"]["limits"] == {
         "cpu": config.trainer_cpu, "memory": config.trainer_memory, "nvidia.com/gpu": "2"
@@ -92,7 +99,7 @@ def test_multi_worker_compiles_into_a_light_step_that_carries_the_tfjob_settings
     spec, platform = kubeflow_runner.compile_documents(PipelineConfig(num_workers=2))
     label = spec["components"]["Trainer"]["executorLabel"]
     container = spec["deploymentSpec"]["executors"][label]["container"]
-    config = PipelineConfig()
+    config = PipelineConfig.load(environ={})
     assert container["image"] == config.cpu_image and "accelerator" not in container["resources"]
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert "nodeSelector" not in executors[label]  # the step's pod waits; the replicas train
@@ -140,10 +147,10 @@ def trainer_step(transformed, object_store, tmp_path, monkeypatch):
         os.makedirs(artifact.uri)
         outputs[key] = [artifact]
     config = PipelineConfig(num_workers=2, gpu_count=1)
-    custom_config = {"batch_size": 32, "learning_rate": 0.01, "num_workers": 2, "epochs": 1,
-                     "tfjob": tfjob_settings(config)}  # fmt: skip
+    custom_config = trainer_settings(batch_size=32, learning_rate=0.01, num_workers=2, epochs=1,
+                                     tfjob=tfjob_settings(config))  # fmt: skip
     properties = {
-        "run_fn": "components.model.run_fn",
+        "run_fn": "components.training.loop.run_fn",
         "train_steps": 20,
         "epochs": 1,
         "max_train_minutes": 10.0,
@@ -171,7 +178,7 @@ def _rbac_role() -> dict:
 
 def _replica_processes() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True)
-            if "components.tfjob_replica" in " ".join(p.cmdline())]  # fmt: skip
+            if "components.training.tfjob_replica" in " ".join(p.cmdline())]  # fmt: skip
 
 
 def test_the_trainer_step_trains_as_a_tfjob_and_outputs_the_chiefs_model(trainer_step, caplog):
@@ -187,7 +194,7 @@ def test_the_trainer_step_trains_as_a_tfjob_and_outputs_the_chiefs_model(trainer
     stale_staging = f"{folder}/{tfjob.STAGING_FOLDER}/trainer-earlier/job.json"
     storage.write_bytes(stale_staging, b"{}")
 
-    with caplog.at_level("INFO", logger="components.tfjob"):
+    with caplog.at_level("INFO", logger="components.training.tfjob"):
         TunableTrainerExecutor().Do(inputs, outputs, properties)
 
     assert "Deleting TFJob trainer-earlier of an earlier attempt" in caplog.text
@@ -202,7 +209,7 @@ def test_the_trainer_step_trains_as_a_tfjob_and_outputs_the_chiefs_model(trainer
     serving = os.path.join(outputs["model"][0].uri, "Format-Serving", "saved_model.pb")
     assert os.path.exists(serving)
     summary = json.loads(
-        open(os.path.join(outputs["model_run"][0].uri, model.TRAINING_SUMMARY)).read()
+        open(os.path.join(outputs["model_run"][0].uri, loop.TRAINING_SUMMARY)).read()
     )
     assert (summary["strategy"], summary["workers"], summary["replicas"]) == ("multi_worker", 2, 2)
     assert summary["steps"] == 20
@@ -245,7 +252,7 @@ def test_a_failed_replica_fails_the_step_with_its_exit_and_log(trainer_step):
     message = str(failure.value)
     assert "has failed because 1 Worker replica(s) failed." in message
     assert "Replica worker-0 (pod trainer-" in message and "exited with code 137" in message
-    assert "components.model: Training: strategy=" in message  # its last log lines
+    assert "components.training.loop: Training: strategy=" in message  # its last log lines
     assert "retry policy runs the step again" in message
     assert len(stand_in.deleted) == 1 and not stand_in.jobs
     assert not _replica_processes()

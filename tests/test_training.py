@@ -20,11 +20,13 @@ from tfx.proto import trainer_pb2
 from tfx.types import standard_artifacts
 from tfx.utils import proto_utils
 
-from components import checkpoints, features, local_workers, model
-from components.trainer import TunableTrainerExecutor
-from pipelines import bench_training, gpu_check
-from pipelines.config import PipelineConfig
-from tests.trained_model import fn_args_for, scalar_steps
+from components.base.config import PipelineConfig
+from components.steps.trainer import TunableTrainerExecutor
+from components.training import checkpoints, local_workers, loop
+from components.use_cases.taxi import features
+from pipelines import gpu_check
+from pipelines.bench import bench_training
+from tests.trained_model import fn_args_for, scalar_steps, trainer_settings
 
 # An AUC on the test data (300 eval rows) that every trained model here clears and no untrained
 # one reaches. Measured in 13 runs each: one worker, 40 steps, 0.828-0.873; two workers
@@ -51,9 +53,9 @@ def _executor_call(transformed, folder, train_steps, epochs=2, eval_steps=5, **c
         "model": [_artifact(standard_artifacts.Model, folder / "model")],
         "model_run": [_artifact(standard_artifacts.ModelRun, folder / "model_run")],
     }
-    custom_config = {"batch_size": 32, "learning_rate": 0.01, **config}
+    custom_config = trainer_settings(batch_size=32, learning_rate=0.01, **config)
     properties = {
-        "run_fn": "components.model.run_fn",
+        "run_fn": "components.training.loop.run_fn",
         "train_steps": train_steps,
         "epochs": epochs,
         "max_train_minutes": float(custom_config.pop("max_train_minutes", 10.0)),
@@ -74,16 +76,14 @@ def _serving_dir(outputs) -> str:
 
 
 def _summary(outputs) -> dict:
-    return json.loads(
-        open(os.path.join(outputs["model_run"][0].uri, model.TRAINING_SUMMARY)).read()
-    )
+    return json.loads(open(os.path.join(outputs["model_run"][0].uri, loop.TRAINING_SUMMARY)).read())
 
 
 def _workers_of_this_test() -> list[psutil.Process]:
     return [
         p
         for p in psutil.Process().children(recursive=True)
-        if "components.local_workers" in " ".join(p.cmdline())
+        if "components.training.local_workers" in " ".join(p.cmdline())
     ]
 
 
@@ -145,7 +145,7 @@ def test_killed_training_resumes_from_its_backup_and_ends_as_good(
     job = tmp_path / "job.json"
     job.write_text(json.dumps(_worker_job(*first)))
     process = psutil.Popen(
-        [sys.executable, "-m", "components.local_workers", str(job), "0"],
+        [sys.executable, "-m", "components.training.local_workers", str(job), "0"],
         stdout=open(tmp_path / "first.log", "wb"), stderr=-2,
     )  # fmt: skip
     index = backup_dir / "chief" / checkpoints.INDEX_FILE
@@ -161,7 +161,7 @@ def test_killed_training_resumes_from_its_backup_and_ends_as_good(
     second = _executor_call(
         transformed, tmp_path / "second", checkpoint_dir=str(backup_dir), **call
     )
-    with caplog.at_level(logging.INFO, logger="components.model"):
+    with caplog.at_level(logging.INFO, logger="components.training.loop"):
         TunableTrainerExecutor().Do(*second)
     assert "(resuming)" in caplog.text
     summary = _summary(second[1])
@@ -206,12 +206,12 @@ def _worker_job(inputs, outputs, properties) -> dict:
 def test_time_budget_stops_training_cleanly_and_exports(transformed, tmp_path, to_examples):
     fn_args = fn_args_for(
         transformed, tmp_path, train_steps=1_000_000,
-        custom_config={"epochs": 1, "max_train_minutes": 0.1, "learning_rate": 0.01},
+        custom_config=trainer_settings(epochs=1, max_train_minutes=0.1, learning_rate=0.01),
     )  # fmt: skip
     started = time.monotonic()
-    model.run_fn(fn_args)
+    loop.run_fn(fn_args)
     assert time.monotonic() - started < 300  # 1,000,000 steps would take hours
-    summary = json.loads(open(os.path.join(fn_args.model_run_dir, model.TRAINING_SUMMARY)).read())
+    summary = json.loads(open(os.path.join(fn_args.model_run_dir, loop.TRAINING_SUMMARY)).read())
     assert summary["stopped"].startswith("stopped on budget (0.1 min) at step ")
     assert 0 < summary["steps"] < 1_000_000
     assert summary["stopped"].endswith(f"at step {summary['steps']}")
@@ -229,10 +229,10 @@ def test_early_stopping_ends_a_training_that_no_longer_improves(transformed, tmp
     """A learning rate of 0 never improves the eval AUC: patience 1 stops after epoch 2."""
     fn_args = fn_args_for(
         transformed, tmp_path, train_steps=50,
-        custom_config={"epochs": 5, "early_stopping_patience": 1, "learning_rate": 0.0},
+        custom_config=trainer_settings(epochs=5, early_stopping_patience=1, learning_rate=0.0),
     )  # fmt: skip
-    model.run_fn(fn_args)
-    summary = json.loads(open(os.path.join(fn_args.model_run_dir, model.TRAINING_SUMMARY)).read())
+    loop.run_fn(fn_args)
+    summary = json.loads(open(os.path.join(fn_args.model_run_dir, loop.TRAINING_SUMMARY)).read())
     assert summary["steps"] == 20  # 2 of 5 epochs of 10 steps
     assert summary["stopped"] == (
         "stopped early: no better val_auc for 1 epoch(s) after epoch 1, whose weights were kept"

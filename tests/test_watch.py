@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines import data, storage, watch
+from components.base import storage
+from components.base.config import REPO_ROOT, PipelineConfig, check_values
+from components.base.object_store import s3_client
+from pipelines import data, watch
 from pipelines.cli import build_parser
-from pipelines.config import REPO_ROOT, PipelineConfig, check_values
-from pipelines.kfp_client import KubeflowError
-from pipelines.object_store import s3_client
+from pipelines.kubeflow.kfp_client import KubeflowError
 from tests import cli_process
 from tests.kfp_api_stand_in import API, SPEC, FakeKfpApi
 
@@ -293,7 +294,7 @@ def test_the_cronjob_pins_its_image_takes_credentials_from_the_secret_and_polls_
     assert pod["serviceAccountName"] == by_kind["ServiceAccount"]["metadata"]["name"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["containers"]
-    defaults = PipelineConfig()
+    defaults = PipelineConfig.load(environ={})
     assert container["image"] == defaults.cpu_image
     check_values("watch-cronjob.yaml", {"cpu_image": container["image"]})  # an exact tag
 

@@ -10,10 +10,28 @@ from tfx.components.trainer import fn_args_utils
 from tfx.components.util import tfxio_utils
 from tfx.types import artifact_utils, standard_artifacts
 
-from components import model
-from pipelines import data
+from components.base.config import PipelineConfig
+from components.training import loop
+from components.use_cases.taxi import data as taxi_data
+from pipelines.pipeline import trainer_config
 
 TRAIN_ROWS, EVAL_ROWS = 500, 300
+# What these tests were tuned with, where the config's defaults differ (batch 128, patience 2).
+TEST_SETTINGS = {"batch_size": 64, "early_stopping_patience": 0}
+
+
+def trainer_settings(**overrides) -> dict:
+    """The Trainer's custom_config as the pipeline builds it from the config's defaults
+    (pipelines/pipeline.py trainer_config), with TEST_SETTINGS and `overrides` on top; without
+    the config's checkpoint_root (the project's .work/), which a test gives where it wants one."""
+    config = PipelineConfig.load(environ={})
+    settings = trainer_config(config)
+    settings.pop("checkpoint_root")
+    # What the Trainer step adds from its run parameters (components/steps/trainer.py).
+    settings.update(epochs=config.epochs, max_train_minutes=config.max_train_minutes)
+    return {**settings, **TEST_SETTINGS, **overrides}
+
+
 EPOCHS = 3
 
 
@@ -28,8 +46,8 @@ def _write_gzip_examples(rows: list[dict], coder, path: str) -> None:
 def transformed(tmp_path_factory, transform_frames):
     """Generated trips transformed as the Transform component does: (graph dir, Examples, eval)."""
     tmp = tmp_path_factory.mktemp("transform")
-    train_frame = data.generate_trips(TRAIN_ROWS, span=0)
-    eval_frame = data.generate_trips(EVAL_ROWS, span=0, seed=7)
+    train_frame = taxi_data.generate_span(TRAIN_ROWS, span=0)
+    eval_frame = taxi_data.generate_span(EVAL_ROWS, span=0, seed=7)
     graph_dir = str(tmp / "transform_graph")
     train_rows, eval_rows = transform_frames(
         [train_frame, eval_frame], graph_dir, temp_dir=str(tmp / "tft_tmp")
@@ -58,7 +76,7 @@ def fn_args_for(transformed, run_dir, **overrides) -> fn_args_utils.FnArgs:
         model_run_dir=str(run_dir / "model_run"),
         train_steps=30,
         eval_steps=5,
-        custom_config={"epochs": EPOCHS, "learning_rate": 0.01},
+        custom_config=trainer_settings(epochs=EPOCHS, learning_rate=0.01),
         data_accessor=fn_args_utils.DataAccessor(
             tf_dataset_factory=tfxio_utils.get_tf_dataset_factory_from_artifact(
                 [examples], ["Trainer"]
@@ -76,7 +94,7 @@ def trained(tmp_path_factory, transformed):
     """run_fn on the CPU with the default ('auto', so float32) precision; (FnArgs, eval trips)."""
     tf.keras.utils.set_random_seed(0)
     fn_args = fn_args_for(transformed, tmp_path_factory.mktemp("trainer"))
-    model.run_fn(fn_args)
+    loop.run_fn(fn_args)
     return fn_args, transformed[2]
 
 

@@ -1,0 +1,292 @@
+"""Object-storage helpers on Beam's FileSystems: `s3://`, `gs://` and local paths, one code path.
+
+Beam reads S3 through boto3, which takes its endpoint and credentials from the environment
+(`AWS_ENDPOINT_URL_S3`, `AWS_ACCESS_KEY_ID`, ...): nothing secret is passed as an argument, so
+nothing secret lands in MLMD, logs or a compiled spec. TensorFlow's own `s3://` client is not used
+here (see README.md, section 'Object storage notes': its reads are broken against SeaweedFS).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import re
+import shutil
+from typing import NamedTuple
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+from boto3.s3.transfer import TransferConfig
+
+from components.base.errors import ActionableError
+
+if FileSystems._pipeline_options is None:  # Beam's S3 client refuses to start without options
+    FileSystems.set_options(PipelineOptions([]))
+
+
+def _reuse_boto3_clients() -> None:
+    """Beam builds a new boto3 session and S3 client for every FileSystems call (two for a
+    match): about 0.4 s of CPU each, 95 % of a listing's time against a local store. A boto3
+    client is thread-safe and depends only on its settings and the AWS_* environment it was
+    built in, so one client per such key is kept and shared."""
+    from apache_beam.io.aws.clients.s3 import boto3_client
+
+    if getattr(boto3_client.Client, "_reused", False) or boto3_client.boto3 is None:
+        return
+    build = boto3_client.Client.__init__
+    clients: dict = {}
+
+    def __init__(self, options):
+        settings = options.get_all_options() if isinstance(options, PipelineOptions) else options
+        environment = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        key = repr((os.getpid(),  # a forked child must not share the parent's sockets
+                    sorted((k, str(v)) for k, v in settings.items() if k.startswith("s3_")),
+                    sorted(environment.items())))  # fmt: skip
+        if key not in clients:
+            build(self, options)
+            clients[key] = self.client
+        self.client = clients[key]
+
+    boto3_client.Client.__init__ = __init__
+    boto3_client.Client._reused = True
+
+
+_reuse_boto3_clients()
+
+_MiB = 1024 * 1024
+# copy_tree streams every file: nothing holds a whole file in memory, and no object goes up in one
+# PUT (S3 caps a single PUT at 5 GB). Through boto3's managed transfer, a file of at least
+# _COPY_CHUNK_BYTES goes up as a multipart upload of parts that size (S3's minimum part is 5 MiB);
+# a smaller one, an empty file included, in a single PUT (Beam's multipart upload cannot write an
+# empty object to SeaweedFS). s3transfer reads each part into memory before it sends it, up to
+# max_in_memory_upload_chunks parts at a time plus the one being read, so a copy holds about
+# 8 MiB x (2 + 1) = 24 MiB whatever the file's size; its defaults (10 threads, 10 parts in memory)
+# would hold 88 MiB. "classic" keeps the CRT transfer client, which ignores these limits, out even
+# where awscrt is installed.
+_COPY_CHUNK_BYTES = 8 * _MiB
+_COPY_BUFFER_BYTES = _MiB  # read and write size of a copy to a non-S3 destination
+_TRANSFER_CONFIG = TransferConfig(
+    multipart_threshold=_COPY_CHUNK_BYTES,
+    multipart_chunksize=_COPY_CHUNK_BYTES,
+    max_concurrency=2,
+    use_threads=True,
+    preferred_transfer_client="classic",
+)
+_TRANSFER_CONFIG.max_in_memory_upload_chunks = 2  # s3transfer's option; boto3's __init__ lacks it
+
+
+class StorageError(ActionableError, RuntimeError):
+    """An object store could not be reached or answered with an error."""
+
+
+def join(*parts: str) -> str:
+    return posixpath.join(*parts) if "://" in parts[0] else FileSystems.join(*parts)
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """`s3://bucket/some/key` -> ("bucket", "some/key")."""
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    return bucket, key
+
+
+class FileInfo(NamedTuple):
+    path: str
+    size: int
+    mtime: float
+
+
+def list_file_infos(pattern: str) -> list[FileInfo]:
+    """Files matching a glob (`*` stays within a folder, `**` crosses folders), sorted by path.
+
+    Raises StorageError naming the pattern when the store cannot be read.
+    """
+    try:
+        result = FileSystems.match([pattern])[0]
+    except Exception as e:  # Beam wraps boto3 errors in several exception types
+        raise StorageError(
+            f"cannot list {pattern}: {e}. Check that the object store is running and that "
+            "AWS_ENDPOINT_URL_S3 / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are set."
+        ) from e
+    infos = (
+        FileInfo(m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in result.metadata_list
+    )
+    return sorted(infos)
+
+
+def list_files(pattern: str) -> list[str]:
+    return [info.path for info in list_file_infos(pattern)]
+
+
+def content_tags(folder: str) -> dict[str, str]:
+    """A tag per file under `folder` that changes when its content does: the object's ETag on S3
+    (an MD5 of the content, or of its parts for a multipart upload), a SHA-256 of the content
+    elsewhere. Unlike sizes and times, tags stay the same when identical data is uploaded again."""
+    folder = folder.rstrip("/") + "/"
+    if not folder.startswith("s3://"):
+        tags = {}
+        for path in list_files(folder + "**"):
+            digest = hashlib.sha256()
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                for block in iter(lambda: f.read(_MiB), b""):
+                    digest.update(block)
+            tags[path] = digest.hexdigest()
+        return tags
+    from components.base.object_store import s3_client
+
+    bucket, prefix = split_s3(folder)
+    tags = {}
+    try:
+        for page in (
+            s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        ):
+            for item in page.get("Contents", []):
+                tags[f"s3://{bucket}/{item['Key']}"] = item["ETag"].strip('"')
+    except Exception as e:
+        raise StorageError(f"cannot list {folder}: {e}") from e
+    return tags
+
+
+def check_reachable(path: str) -> None:
+    """Fails within seconds, naming endpoint and bucket, when an `s3://` path's store does not
+    answer: Beam's own client retries with backoff for minutes before it gives up."""
+    if not path.startswith("s3://"):
+        return
+    from components.base.object_store import s3_client
+
+    bucket, _ = split_s3(path)
+    client = s3_client()
+    try:
+        client.head_bucket(Bucket=bucket)
+    except Exception as e:
+        raise StorageError(
+            f"cannot reach bucket {bucket!r} of {path} at {client.meta.endpoint_url}: {e}. "
+            "Check that the object store runs, the bucket exists, and AWS_ENDPOINT_URL_S3, "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are set for it."
+        ) from e
+
+
+def numbered_children(parent: str, prefix: str = "") -> dict[int, str]:
+    """Maps N to the child folder `<parent>/<prefix>N/` for every such folder that holds files."""
+    check_reachable(parent)
+    found: dict[int, str] = {}
+    pattern = re.compile(re.escape(parent.rstrip("/") + "/" + prefix) + r"(\d+)/")
+    for path in list_files(parent.rstrip("/") + "/" + prefix + "*/**"):
+        match = pattern.match(path)
+        if match:
+            found[int(match.group(1))] = match.group(0)
+    return found
+
+
+def open_stream(path: str):
+    """`path` opened for reading as a stream, decompressed when its name says so (`.gz`)."""
+    try:
+        return FileSystems.open(path, compression_type=CompressionTypes.AUTO)
+    except Exception as e:  # Beam wraps boto3 errors in several exception types
+        raise StorageError(f"cannot read {path}: {e}") from e
+
+
+def read_bytes(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes one object. S3 objects go up in a single PUT: Beam's multipart upload cannot
+    write an empty object to SeaweedFS, and a single PUT never leaves a partial object behind.
+    A local file is written beside its place and renamed over it, for the same reason (a reader
+    such as TF Serving polling a config file never sees it half-written)."""
+    if path.startswith("s3://"):
+        from components.base.object_store import s3_client
+
+        bucket, key = split_s3(path)
+        try:
+            s3_client().put_object(Bucket=bucket, Key=key, Body=data)
+        except Exception as e:
+            raise StorageError(f"cannot write {path}: {e}") from e
+        return
+    if "://" not in path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "wb") as f:
+            f.write(data)
+        os.replace(partial, path)
+        return
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(data)
+
+
+def delete_files(paths: list[str]) -> None:
+    """Deletes the given files (objects); a missing one is not an error."""
+    if not paths:
+        return
+    try:
+        FileSystems.delete(paths)
+    except Exception as e:  # Beam raises BeamIOError listing each path it could not delete
+        if "Not found" in str(e) or "NoSuchKey" in str(e) or "404" in str(e):
+            return
+        raise StorageError(f"cannot delete {paths[0]} (and {len(paths) - 1} more): {e}") from e
+
+
+def delete_tree(folder: str) -> int:
+    """Deletes every file under `folder` (and, on local disk, the emptied folders); returns how
+    many files."""
+    files = list_files(folder.rstrip("/") + "/**")
+    delete_files(files)
+    if "://" not in folder and os.path.isdir(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(files)
+
+
+def _open_source(path: str, client):
+    """`path` opened for streaming reads: an `s3://` object as boto3's response body (one GET,
+    read as it arrives), anything else through Beam."""
+    if path.startswith("s3://"):
+        bucket, key = split_s3(path)
+        return client.get_object(Bucket=bucket, Key=key)["Body"]
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def _copy_file(source: str, destination: str, client) -> None:
+    """Streams one file; `client` is a boto3 S3 client, or None when neither path is `s3://`.
+    Raises StorageError naming both paths."""
+    try:
+        with _open_source(source, client) as stream:
+            if destination.startswith("s3://"):
+                bucket, key = split_s3(destination)
+                client.upload_fileobj(stream, bucket, key, Config=_TRANSFER_CONFIG)
+            else:
+                compression = CompressionTypes.UNCOMPRESSED
+                with FileSystems.create(destination, compression_type=compression) as out:
+                    shutil.copyfileobj(stream, out, _COPY_BUFFER_BYTES)
+    except Exception as e:  # boto3, s3transfer and Beam raise several exception types
+        hint = (
+            ". Check that the object store is running and that AWS_ENDPOINT_URL_S3 / "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are set."
+            if client is not None
+            else ""
+        )
+        raise StorageError(f"cannot copy {source} to {destination}: {e}{hint}") from e
+
+
+def copy_tree(source_dir: str, destination_dir: str, last: str | None = None) -> int:
+    """Copies every file under source_dir to destination_dir; returns the number of files.
+
+    Files are streamed one after another (see _TRANSFER_CONFIG), so memory stays bounded whatever
+    their size. `last` names a file (relative path) written after all others have completely
+    finished, so that a reader that waits for it (TF Serving waits for saved_model.pb) never sees
+    a half-copied directory.
+    """
+    source_dir = source_dir.rstrip("/") + "/"
+    files = list_files(source_dir + "**")
+    files.sort(key=lambda p: p[len(source_dir) :] == last)
+    client = None
+    if source_dir.startswith("s3://") or destination_dir.startswith("s3://"):
+        from components.base.object_store import s3_client
+
+        client = s3_client()
+    for path in files:
+        relative = path[len(source_dir) :]
+        _copy_file(path, join(destination_dir, relative), client)
+    return len(files)

@@ -1,0 +1,131 @@
+"""What the product needs to know of a use case (a data set and its model), and how one is found.
+
+A use case is one package: `components/use_cases/<name>/` for the shipped ones, or any
+importable package (`use_case=mycompany.churn`) for a user's own. Its `__init__` defines
+`USE_CASE`, a `UseCase`, and must stay light (no TensorFlow): the CLI reads it for the config's
+defaults. Its heavy parts (preprocessing, model, generator) are named by import path and imported
+where they run, in the step that needs them.
+
+Steps, runners, serving and the report take everything specific to a data set from here, so
+none of them names a column or a class. The lookup by name happens at run time
+(`importlib`), which is why the layering contracts in pyproject.toml never see the base import a
+use case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from components.base.errors import ActionableError
+
+SHIPPED_PACKAGE = "components.use_cases"
+
+
+class UseCaseError(ActionableError, ValueError):
+    """A use case cannot be found or is incomplete; the message names it and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UseCase:
+    name: str
+    # The label column; its values are 0..len(class_names)-1.
+    label_key: str
+    # How people read the label's values (the report's confusion matrix, the sample printout).
+    class_names: tuple[str, ...]
+    # Raw columns the Evaluator slices its metrics by (the summary and the report show them).
+    slice_keys: tuple[str, ...]
+    # Raw columns printed beside the served model's sample predictions.
+    sample_columns: tuple[str, ...]
+    # The curated schema (schemas/<name>/schema.pbtxt for a shipped one).
+    schema_path: Path
+    # Import paths of the heavy parts:
+    # - preprocessing_fn(inputs) -> features: tf.Transform's, also in the serving signature;
+    # - build_model(hyperparameters: dict, learning_rate: float) -> a compiled Keras model over
+    #   the transformed features, with metrics "auc" and "binary_accuracy";
+    # - generate_span(num_rows, span, seed, drift, label_noise) -> a pandas DataFrame of raw
+    #   columns, the same for the same arguments
+    #   (`make run` on an empty data root, `add-span`, the tests and the bench).
+    preprocessing_fn: str
+    build_model: str
+    generate_span: str
+    # build_model's hyperparameters and their defaults; `--set hyperparameters={...}` overrides
+    # them one by one, and a name not listed here is an error.
+    hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Config fields whose default this use case sets (names, data root, thresholds, ...).
+    config_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def function(self, part: str) -> Callable:
+        """The function behind `preprocessing_fn`, `build_model` or `generate_span`."""
+        return _resolve(getattr(self, part), f"use case {self.name!r}: {part}")
+
+    def hyperparameter_problems(self, given: Mapping[str, Any]) -> list[str]:
+        """Names not declared, and values whose type differs from the default's."""
+        found = []
+        for key, value in given.items():
+            if key not in self.hyperparameters:
+                known = ", ".join(self.hyperparameters) or "none"
+                found.append(f"{key!r} is not a hyperparameter of use case {self.name!r} "
+                             f"(known: {known})")  # fmt: skip
+            elif not _same_kind(value, self.hyperparameters[key]):
+                found.append(f"hyperparameter {key!r} must be like {self.hyperparameters[key]!r}, "
+                             f"got {value!r}")  # fmt: skip
+        return found
+
+    def resolved_hyperparameters(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.hyperparameters, **given}
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return type(value) is type(default)
+    if isinstance(default, float):
+        return isinstance(value, int | float)
+    if isinstance(default, list | tuple):
+        if not isinstance(value, list | tuple):
+            return False
+        return all(_same_kind(item, default[0]) for item in value) if default else True
+    return type(value) is type(default)
+
+
+def module_of(name: str) -> str:
+    """`taxi` -> components.use_cases.taxi; a dotted name is a package of its own."""
+    return name if "." in name else f"{SHIPPED_PACKAGE}.{name}"
+
+
+def shipped() -> list[str]:
+    """The use cases under components/use_cases/ (each a folder with an __init__.py)."""
+    folder = Path(__file__).resolve().parent.parent / "use_cases"
+    return sorted(p.parent.name for p in folder.glob("*/__init__.py"))
+
+
+@functools.cache
+def load(name: str) -> UseCase:
+    """The use case called `name`; UseCaseError naming what is missing otherwise."""
+    try:
+        module = importlib.import_module(module_of(name))
+    except ModuleNotFoundError as e:
+        if e.name and module_of(name).startswith(e.name):
+            raise UseCaseError(
+                f"unknown use case {name!r}: no package {module_of(name)} (shipped: "
+                f"{', '.join(shipped())}; your own: a package on PYTHONPATH, named with its dots)"
+            ) from e
+        raise
+    use_case = getattr(module, "USE_CASE", None)
+    if not isinstance(use_case, UseCase):
+        raise UseCaseError(
+            f"use case {name!r}: {module.__name__} defines no USE_CASE = UseCase(...)"
+        )
+    return use_case
+
+
+def _resolve(path: str, what: str) -> Callable:
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as e:
+        raise UseCaseError(f"{what}: cannot import {path} ({e})") from e

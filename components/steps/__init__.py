@@ -1,0 +1,1 @@
+"""The pipeline's steps: TFX components and executors, each use-case independent."""

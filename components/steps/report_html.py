@@ -1,0 +1,144 @@
+"""The run report as one self-contained HTML page: no script, no external file, so that it reads
+the same in the Kubeflow UI's sandboxed frame (HTMLViewer.tsx: iframe srcdoc) and from disk."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from components.steps.auc_text import auc_text
+
+STYLE = """
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #999; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #eee; }
+.decision { padding: 0.8em 1em; font-size: 1.3em; font-weight: bold; border-radius: 4px; }
+.pushed { background: #2e7d32; color: #fff; }
+.refused { background: #c62828; color: #fff; }
+"""
+METRICS = ("auc", "binary_accuracy", "binary_crossentropy")  # each beside the served model's
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.{digits}f}"
+    return f"{int(value):,}"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _decision(facts: dict[str, Any]) -> str:
+    if facts["pushed_version"] is not None:
+        return f'<p class="decision pushed">Pushed: version {facts["pushed_version"]}</p>'
+    why = facts["not_pushed_reason"] or "; ".join(facts["failures"]) or "see the Pusher's log"
+    return f'<p class="decision refused">Not pushed: {escape(why)}</p>'
+
+
+def _validation(validation: dict[str, Any]) -> str:
+    columns = validation["columns"]
+    parts = [_table(["split: column", "anomaly"], sorted(columns.items())) if columns
+             else "<p>No anomalies against the curated schema (a span with anomalies stops the "
+             "run before this report).</p>"]  # fmt: skip
+    baseline = validation["drift_baseline_span"]
+    if baseline < 0:
+        parts.append("<p>Drift: no earlier span has passed validation; nothing to compare.</p>")
+    else:
+        rows = [[d["column"], _number(d["distance"]), _number(d["threshold"])]
+                for d in validation["drift"]]  # fmt: skip
+        parts.append(f"<p>Drift of the eval split against span {baseline}:</p>"
+                     + _table(["column", "distance", "threshold"], rows))  # fmt: skip
+    return "".join(parts)
+
+
+def _metrics(metrics: dict[str, dict[str, float]]) -> str:
+    header = ["slice", "examples"]
+    for name in METRICS:
+        header += [name, f"{name} (served model)"]
+    rows = []
+    for slice_name in ["overall", *sorted(s for s in metrics if s != "overall")]:
+        values = metrics.get(slice_name, {})
+        row: list[Any] = [slice_name, _number(values.get("example_count"))]
+        for name in METRICS:
+            value, diff = values.get(name), values.get(f"{name}_diff")
+            baseline = None if value is None or diff is None else value - diff
+            shown = auc_text(values) if name == "auc" else _number(value)
+            row += [shown, _number(baseline)]
+        rows.append(row)
+    return _table(header, rows)
+
+
+def _roc_svg(curve: list[dict[str, float]], size: int = 260) -> str:
+    points = sorted((m.get("falsePositiveRate", 0.0), m.get("recall", 0.0)) for m in curve)
+    path = " ".join(f"{x * size:.1f},{size - y * size:.1f}" for x, y in points)
+    return (f'<svg width="{size + 40}" height="{size + 30}" role="img" aria-label="ROC curve">'
+            f'<g transform="translate(30,5)"><rect width="{size}" height="{size}" fill="none" '
+            f'stroke="#999"/><line x1="0" y1="{size}" x2="{size}" y2="0" stroke="#ccc"/>'
+            f'<polyline points="{path}" fill="none" stroke="#1565c0" stroke-width="2"/>'
+            f'<text x="{size / 2 - 40}" y="{size + 20}" font-size="11">false positive rate</text>'
+            f'<text transform="translate(-8,{size / 2 + 15}) rotate(-90)" font-size="11">recall'
+            f'</text>'
+            f'</g></svg>')  # fmt: skip
+
+
+def _steps(steps: dict[str, tuple[float, float]]) -> str:
+    """Each step's seconds in the order they ran; a step whose outputs came from the cache
+    started before this run's first step (SelectSpans, never cached)."""
+    run_start = steps.get("SelectSpans", (min((s for s, _ in steps.values()), default=0), 0))[0]
+    rows, total = [], 0.0
+    for step, (start, seconds) in steps.items():
+        if start < run_start:
+            rows.append([f"{step} (cached: an earlier run's time)", f"{seconds:.1f}"])
+        else:
+            rows.append([step, f"{seconds:.1f}"])
+            total += seconds
+    return _table(["step", "seconds"], [*rows, ["all steps of this run", f"{total:.1f}"]])
+
+
+def render(facts: dict[str, Any]) -> str:
+    from components.steps.evaluation import SERVING_THRESHOLD
+
+    labels = facts["class_names"]
+    curve, m = facts["curve"], facts["confusion"]
+    confusion = _table(
+        ["true \\ predicted", *labels],
+        [[labels[0], _number(m.get("trueNegatives")), _number(m.get("falsePositives"))],
+         [labels[1], _number(m.get("falseNegatives")), _number(m.get("truePositives"))]],
+    )  # fmt: skip
+    failures = "".join(f"<li>{escape(f)}</li>" for f in facts["failures"])
+    spans = ", ".join(str(s) for s in facts["spans"]) or str(facts["span"])
+    change = facts["auc_change"]
+    compared = ("No served model to compare with: judged on the thresholds alone."
+                if change is None or facts["baseline_auc"] is None
+                else f"AUC {facts['auc']:.4f} against the served model's "
+                f"{facts['baseline_auc']:.4f} on this eval data ({change:+.4f}).")  # fmt: skip
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Run report: span {facts["span"]}</title>
+<style>{STYLE}</style></head><body>
+<h1>Run report: span {facts["span"]}</h1>
+{_decision(facts)}
+<h2>Data</h2>
+<p>Spans read: {escape(spans)}; fingerprint <code>{escape(str(facts["fingerprint"]))}</code>.</p>
+<h2>Validation</h2>
+{_validation(facts["validation"])}
+<h2>Evaluation</h2>
+<p>{escape(compared)} Blessed: {"yes" if facts["blessed"] else "no"}.</p>
+{f"<ul>{failures}</ul>" if failures else ""}
+{_metrics(facts["metrics"])}
+<h3>ROC curve (eval split)</h3>
+{_roc_svg(curve) if curve else "<p>No ROC curve was computed.</p>"}
+<h3>Confusion matrix at threshold {SERVING_THRESHOLD}</h3>
+{confusion}
+<h2>Step times (seconds of each step's work)</h2>
+{_steps(facts["steps"])}
+</body></html>
+"""

@@ -1,0 +1,193 @@
+"""The run's last step: what the Kubeflow UI shows of a run, and the same report locally.
+
+Three outputs, of the types the KFP 2.5 UI draws (components/steps/kfp_artifacts.py):
+- `metrics` (system.Metrics): AUC, accuracy, example count, the served model's AUC on the same
+  data and the difference, blessed (1/0), pushed version (0: none) and the span;
+- `classification_metrics` (system.ClassificationMetrics): the ROC curve over the eval split and
+  the confusion matrix at the serving threshold;
+- `report` (system.HTML): one page for a person (components/steps/report_html.py), which `tkp run`
+  also copies beside the run's log.
+Everything comes from the artifacts of this run's steps; nothing is computed again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from tfx import types
+from tfx.components.example_validator import executor as validator_executor
+from tfx.dsl.components.base import base_component, base_executor, executor_spec
+from tfx.types import artifact_utils, component_spec, standard_artifacts
+
+from components.base import storage
+from components.steps import kfp_artifacts, report_html, step_times
+from components.steps.auc_text import AUC_UNDEFINED_KEY
+from components.steps.evaluation import read_verdict, roc_curve, serving_confusion_matrix
+from components.steps.pusher import NOT_PUSHED_REASON_KEY
+from components.steps.span_selection import SpanSelection
+from components.steps.validation import DRIFT_BASELINE_SPAN_KEY, DRIFT_SPLIT
+
+
+def _int(artifact, name: str, default: int) -> int:
+    """An int custom property. TFX's typed getters read both runners' forms (on Kubeflow every
+    value comes back as a struct); its untyped get_custom_property returns None for a 0 there."""
+    return artifact.get_int_custom_property(name) if artifact.has_custom_property(name) else default
+
+
+def _anomalies(artifact) -> dict[str, Any]:
+    """Anomalies per split and column, and the drift measured per column on the eval split."""
+    from tensorflow_metadata.proto.v0 import anomalies_pb2
+
+    result: dict[str, Any] = {"columns": {}, "drift": []}
+    for split in artifact_utils.decode_split_names(artifact.split_names):
+        path = storage.join(artifact_utils.get_split_uri([artifact], split),
+                            validator_executor.DEFAULT_FILE_NAME)  # fmt: skip
+        if not storage.list_files(path):
+            continue
+        anomalies = anomalies_pb2.Anomalies.FromString(storage.read_bytes(path))
+        for column, info in anomalies.anomaly_info.items():
+            result["columns"][f"{split}: {column}"] = info.description or info.short_description
+        if split != DRIFT_SPLIT:
+            continue
+        for info in anomalies.drift_skew_info:
+            for m in info.drift_measurements:
+                result["drift"].append({"column": info.path.step[-1], "distance": m.value,
+                                        "threshold": m.threshold})  # fmt: skip
+    return result
+
+
+def gather(inputs: dict[str, list], class_names: list[str]) -> dict[str, Any]:
+    """What the report says, from the run's artifacts; `class_names` name the label's values
+    (the use case's)."""
+    selection = artifact_utils.get_single_instance(inputs["selection"])
+    blessing = artifact_utils.get_single_instance(inputs["blessing"])
+    evaluation = artifact_utils.get_single_instance(inputs["evaluation"])
+    pushed_model = artifact_utils.get_single_instance(inputs["pushed_model"])
+    anomalies = artifact_utils.get_single_instance(inputs["anomalies"])
+    verdict = read_verdict(blessing)
+    overall = verdict["metrics"].get("overall", {})
+    pushed = _int(pushed_model, "pushed", 0) == 1
+    return {
+        "span": _int(selection, "span", -1),
+        "spans": json.loads(selection.get_string_custom_property("spans") or "[]"),
+        "fingerprint": selection.get_string_custom_property("input_fingerprint"),
+        "validation": {
+            **_anomalies(anomalies),
+            "drift_baseline_span": _int(anomalies, DRIFT_BASELINE_SPAN_KEY, -1),
+        },  # fmt: skip
+        "metrics": verdict["metrics"],
+        "failures": verdict["failures"],
+        "auc": overall.get("auc"),
+        "auc_change": verdict["auc_change"],
+        "baseline_auc": (
+            None
+            if verdict["auc_change"] is None or overall.get("auc") is None
+            else overall["auc"] - verdict["auc_change"]
+        ),  # fmt: skip
+        "blessed": _int(blessing, "blessed", 0) == 1,
+        "pushed_version": (
+            int(pushed_model.get_string_custom_property("pushed_version")) if pushed else None
+        ),  # fmt: skip
+        "not_pushed_reason": pushed_model.get_string_custom_property(NOT_PUSHED_REASON_KEY),
+        "curve": roc_curve(evaluation.uri),
+        "confusion": serving_confusion_matrix(evaluation.uri),
+        "steps": step_times.carried(inputs),
+        "class_names": list(class_names),
+    }
+
+
+def _finite(value: Any) -> float | None:
+    """A number the KFP UI can show: the launcher cannot record a null, nor JSON a NaN."""
+    return float(value) if value is not None and math.isfinite(float(value)) else None
+
+
+def write_metrics(metrics, facts: dict[str, Any]) -> None:
+    overall = facts["metrics"].get("overall", {})
+    values = {
+        "auc": overall.get("auc"),
+        "accuracy": overall.get("binary_accuracy"),
+        "example_count": overall.get("example_count"),
+        "baseline_auc": facts["baseline_auc"],
+        "auc_change": facts["auc_change"],
+        "blessed": 1.0 if facts["blessed"] else 0.0,
+        "pushed_version": float(facts["pushed_version"] or 0),
+        "span": float(facts["span"]),
+    }
+    for name, value in values.items():
+        if _finite(value) is not None:  # absent rather than null (converter.go fails on null)
+            metrics.set_float_custom_property(name, float(value))
+    if overall.get(AUC_UNDEFINED_KEY):  # no number to show: the reason, as text
+        metrics.set_string_custom_property(AUC_UNDEFINED_KEY, overall[AUC_UNDEFINED_KEY])
+
+
+def write_classification_metrics(artifact, facts: dict[str, Any]) -> None:
+    """KFP's shapes (ClassificationMetrics.log_roc_curve / log_confusion_matrix), every number
+    finite: the UI's runtypes take numbers only (ROCCurveHelper.tsx)."""
+    artifact.set_json_value_custom_property("confidenceMetrics", [
+        {"confidenceThreshold": m.get("threshold", 0.0),
+         "recall": _finite(m.get("recall")) or 0.0,
+         "falsePositiveRate": _finite(m.get("falsePositiveRate")) or 0.0}
+        for m in facts["curve"]
+    ])  # fmt: skip
+    m = facts["confusion"]
+    rows = [[m.get("trueNegatives", 0.0), m.get("falsePositives", 0.0)],
+            [m.get("falseNegatives", 0.0), m.get("truePositives", 0.0)]]  # fmt: skip
+    artifact.set_json_value_custom_property("confusionMatrix", {
+        "annotationSpecs": [{"displayName": label} for label in facts["class_names"]],
+        "rows": [{"row": row} for row in rows],
+    })  # fmt: skip
+
+
+class RunReportExecutor(base_executor.BaseExecutor):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
+        facts = gather(input_dict, json.loads(exec_properties["class_names"]))
+        write_metrics(artifact_utils.get_single_instance(output_dict["metrics"]), facts)
+        write_classification_metrics(
+            artifact_utils.get_single_instance(output_dict["classification_metrics"]), facts
+        )
+        report = artifact_utils.get_single_instance(output_dict["report"])
+        if os.path.isdir(report.uri) and not os.listdir(report.uri):
+            os.rmdir(report.uri)  # TFX made a folder; the UI reads a file at the URI
+        storage.write_bytes(report.uri, report_html.render(facts).encode())
+
+
+class RunReportSpec(types.ComponentSpec):
+    # The label's values as people read them (a JSON list, the use case's `class_names`).
+    PARAMETERS = {"class_names": component_spec.ExecutionParameter(type=str)}
+    INPUTS = {
+        "selection": component_spec.ChannelParameter(type=SpanSelection),
+        "anomalies": component_spec.ChannelParameter(type=standard_artifacts.ExampleAnomalies),
+        "evaluation": component_spec.ChannelParameter(type=standard_artifacts.ModelEvaluation),
+        "blessing": component_spec.ChannelParameter(type=standard_artifacts.ModelBlessing),
+        "pushed_model": component_spec.ChannelParameter(type=standard_artifacts.PushedModel),
+    }
+    OUTPUTS = {
+        "metrics": component_spec.ChannelParameter(type=kfp_artifacts.Metrics),
+        "classification_metrics": component_spec.ChannelParameter(
+            type=kfp_artifacts.ClassificationMetrics
+        ),
+        "report": component_spec.ChannelParameter(type=kfp_artifacts.HTML),
+    }
+
+
+class RunReport(base_component.BaseComponent):
+    SPEC_CLASS = RunReportSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(RunReportExecutor)
+
+    def __init__(self, selection, anomalies, evaluation, blessing, pushed_model, class_names):
+        super().__init__(
+            spec=RunReportSpec(
+                class_names=json.dumps(list(class_names)),
+                selection=selection,
+                anomalies=anomalies,
+                evaluation=evaluation,
+                blessing=blessing,
+                pushed_model=pushed_model,
+                metrics=types.Channel(type=kfp_artifacts.Metrics),
+                classification_metrics=types.Channel(type=kfp_artifacts.ClassificationMetrics),
+                report=types.Channel(type=kfp_artifacts.HTML),
+            )
+        )

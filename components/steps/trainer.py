@@ -1,0 +1,172 @@
+"""TFX's Trainer with run parameters, a backup that survives a re-run, and more than one worker.
+
+Kubeflow Pipelines can only set top-level step parameters from the UI or a recurring run; values
+inside TrainArgs or custom_config are frozen at compile time. This executor folds the run
+parameters (train_steps, epochs, max_train_minutes) back into those before the stock (generic)
+Trainer executor runs. It also:
+- names the training's backup folder by content (components/training/checkpoints.py), from the
+  selected
+  spans' fingerprint (the `selection` input), the curated schema and the training parameters,
+  and removes backups abandoned longer than `checkpoint_max_age_hours`;
+- with `num_workers` > 1 runs the training as that many workers: processes on this machine
+  (components/training/local_workers.py), or a TFJob when the step runs on Kubeflow
+  (components/training/tfjob.py);
+- records what the training did (steps, replicas, examples/s, why it stopped) as custom
+  properties of the model_run artifact, which the run summary prints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from tfx import types
+from tfx.components.trainer import executor as trainer_executor
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.proto import trainer_pb2
+from tfx.types import artifact_utils, component_spec, standard_artifacts
+from tfx.types.standard_component_specs import TrainerSpec
+from tfx.utils import io_utils, proto_utils
+
+from components.base import storage
+from components.base.config import check_run_parameters
+from components.base.launcher_paths import PIPELINE_FOLDER_ENV
+from components.steps.span_selection import SpanSelection, read_selection
+from components.training import checkpoints, local_workers, tfjob
+from components.training.checkpoints import CHECKPOINTS_FOLDER
+
+RUN_PARAMETER_NAMES = ("train_steps", "epochs", "max_train_minutes")
+# Training parameters that do not change the trained weights, so not part of the backup key.
+# (checkpoint_every_steps stays in: a step backup resumed in epoch mode would skip the rest of
+# its epoch.)
+_NOT_IN_KEY = ("checkpoint_root", "checkpoint_max_age_hours", "max_train_minutes",
+               "tensorboard_every_steps", "tfjob")  # fmt: skip
+SUMMARY_PROPERTIES = (
+    "strategy", "steps", "replicas", "workers", "examples_per_second", "stopped", "resumed",
+)  # fmt: skip
+
+_log = logging.getLogger(__name__)
+
+
+class TunableTrainerExecutor(trainer_executor.GenericExecutor):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
+        properties = dict(exec_properties)
+        check_run_parameters("Trainer", {name: properties[name] for name in RUN_PARAMETER_NAMES})
+        train_args = trainer_pb2.TrainArgs(num_steps=int(properties.pop("train_steps")))
+        properties["train_args"] = proto_utils.proto_to_json(train_args)
+        custom_config = json.loads(properties.get("custom_config") or "null") or {}
+        custom_config["epochs"] = int(properties.pop("epochs"))
+        custom_config["max_train_minutes"] = float(properties.pop("max_train_minutes"))
+        if custom_config.get("checkpoint_root") and input_dict.get("selection"):
+            custom_config["checkpoint_dir"] = _backup_dir(input_dict, custom_config, train_args)
+        properties["custom_config"] = json.dumps(custom_config)
+        workers = int(custom_config.get("num_workers", 1))
+        if _as_tfjob(custom_config):
+            tfjob.run(input_dict, output_dict, properties, workers)
+        elif workers > 1:
+            local_workers.run(input_dict, output_dict, properties, workers)
+        else:
+            super().Do(input_dict, output_dict, properties)
+        _record_summary(output_dict)
+
+
+def _backup_dir(input_dict, custom_config: dict, train_args: trainer_pb2.TrainArgs) -> str:
+    selection = read_selection(artifact_utils.get_single_instance(input_dict["selection"]))
+    schema_dir = artifact_utils.get_single_uri(input_dict["schema"])
+    schema = storage.read_bytes(io_utils.get_only_uri_in_dir(schema_dir))
+    parameters = {k: v for k, v in custom_config.items() if k not in _NOT_IN_KEY}
+    parameters["train_steps"] = train_args.num_steps
+    # The replicas (strategy auto uses every GPU) set the global batch and learning rate; a
+    # TFJob's replicas have the GPUs, not this step's pod.
+    tfjob_gpus = custom_config["tfjob"]["gpus"] if _as_tfjob(custom_config) else None
+    parameters["gpus"] = local_workers.visible_gpus() if tfjob_gpus is None else tfjob_gpus
+    key = checkpoints.training_key(selection["fingerprint"], schema, parameters)
+    root = _backup_root(custom_config["checkpoint_root"])
+    max_age = float(custom_config.get("checkpoint_max_age_hours", 72))
+    checkpoints.remove_abandoned(root, max_age, keep=key)
+    return storage.join(root, key)
+
+
+def _as_tfjob(custom_config: dict) -> bool:
+    """Several workers in a Kubeflow step (pipelines/kubeflow/kfp_entrypoint.py sets the folder)."""
+    return int(custom_config.get("num_workers", 1)) > 1 and bool(
+        os.environ.get(PIPELINE_FOLDER_ENV)
+    )
+
+
+def _backup_root(configured: str) -> str:
+    """On Kubeflow the run's own pipeline root, which a run may set apart from the compiled one
+    (pipelines/kubeflow/kfp_entrypoint.py gives it); elsewhere the configured one."""
+    folder = os.environ.get(PIPELINE_FOLDER_ENV)
+    return storage.join(folder, CHECKPOINTS_FOLDER) if folder else configured
+
+
+def _record_summary(output_dict) -> None:
+    from components.training.loop import TRAINING_SUMMARY  # TensorFlow: only once training ran
+
+    model_run = artifact_utils.get_single_instance(output_dict["model_run"])
+    path = storage.join(model_run.uri, TRAINING_SUMMARY)
+    if not storage.list_files(path):
+        return
+    summary = json.loads(storage.read_bytes(path))
+    for name in SUMMARY_PROPERTIES:
+        value = summary.get(name)
+        if isinstance(value, bool) or isinstance(value, int):
+            model_run.set_int_custom_property(name, int(value))
+        elif isinstance(value, float):
+            model_run.set_float_custom_property(name, value)
+        elif value is not None:
+            model_run.set_string_custom_property(name, str(value))
+
+
+class TunableTrainerSpec(types.ComponentSpec):
+    PARAMETERS = {
+        **TrainerSpec.PARAMETERS,
+        "train_steps": component_spec.ExecutionParameter(type=int),
+        "epochs": component_spec.ExecutionParameter(type=int),
+        "max_train_minutes": component_spec.ExecutionParameter(type=float),
+    }
+    INPUTS = {
+        **TrainerSpec.INPUTS,
+        # The selected spans: their content fingerprint names the training's backup.
+        "selection": component_spec.ChannelParameter(type=SpanSelection, optional=True),
+    }
+    OUTPUTS = TrainerSpec.OUTPUTS
+
+
+class TunableTrainer(base_component.BaseComponent):
+    SPEC_CLASS = TunableTrainerSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(TunableTrainerExecutor)
+
+    def __init__(
+        self,
+        examples: types.BaseChannel,
+        transform_graph: types.BaseChannel,
+        schema: types.BaseChannel,
+        run_fn: str,
+        train_steps: int | Any,
+        epochs: int | Any,
+        max_train_minutes: float | Any,
+        eval_steps: int,
+        custom_config: dict[str, Any],
+        selection: types.BaseChannel | None = None,
+    ):
+        super().__init__(
+            spec=TunableTrainerSpec(
+                examples=examples,
+                transform_graph=transform_graph,
+                schema=schema,
+                selection=selection,
+                run_fn=run_fn,
+                train_args=trainer_pb2.TrainArgs(),
+                eval_args=trainer_pb2.EvalArgs(num_steps=eval_steps),
+                custom_config=json.dumps(custom_config, sort_keys=True),
+                train_steps=train_steps,
+                epochs=epochs,
+                max_train_minutes=max_train_minutes,
+                model=types.Channel(type=standard_artifacts.Model),
+                model_run=types.Channel(type=standard_artifacts.ModelRun),
+            )
+        )

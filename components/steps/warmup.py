@@ -1,0 +1,123 @@
+"""TF Serving warm-up requests for a pushed version, built from real evaluation rows.
+
+TF Serving replays `<version>/assets.extra/tf_serving_warmup_requests` (a TFRecord file of
+PredictionLog protos) when it loads a version, before the version takes traffic, so the first
+user request does not pay for graph tracing and lazy initialisation (TFX's InfraValidator
+writes the same file). One record per API the version answers: :predict on tf.Examples (one
+example, then a batch), :classify, :regress, and :predict on raw feature values.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.framework import types_pb2  # noqa: E402
+from tensorflow.core.protobuf import saved_model_pb2  # noqa: E402
+from tensorflow_serving.apis import prediction_log_pb2  # noqa: E402
+
+from components.base import storage  # noqa: E402
+from components.base.errors import ActionableError  # noqa: E402
+from components.training.export import (  # noqa: E402
+    CLASSIFY_SIGNATURE,
+    RAW_SIGNATURE,
+    REGRESS_SIGNATURE,
+    SERVING_SIGNATURE,
+)
+
+WARMUP_PATH = "assets.extra/tf_serving_warmup_requests"
+BATCH = 16  # rows per batch request; TF Serving caps the file at 1000 records
+
+
+class WarmupError(ActionableError, ValueError):
+    """The warm-up requests cannot be built; nothing is pushed."""
+
+
+def _first_records(path: str, limit: int) -> list[bytes]:
+    """The first `limit` records of a TFRecord file (gzip by its name, as ExampleGen writes
+    them), streamed: only the start of the shard is read, whatever its size."""
+    records = []
+    with storage.open_stream(path) as stream:
+        while len(records) < limit:
+            header = stream.read(12)  # length (uint64 LE) and its CRC
+            if len(header) < 12:
+                break
+            (length,) = struct.unpack("<Q", header[:8])
+            records.append(stream.read(length))
+            stream.read(4)  # the data's CRC
+    return records
+
+
+def eval_examples(examples_uri: str, label_key: str, limit: int = BATCH) -> list[tf.train.Example]:
+    """The first `limit` rows of ExampleGen's eval split, without the label `label_key` (a
+    serving request has none)."""
+    rows: list[tf.train.Example] = []
+    for path in sorted(storage.list_files(storage.join(examples_uri, "Split-eval", "*"))):
+        for record in _first_records(path, limit - len(rows)):
+            example = tf.train.Example.FromString(record)
+            del example.features.feature[label_key]
+            rows.append(example)
+        if len(rows) >= limit:
+            break
+    if not rows:
+        raise WarmupError(
+            f"no eval rows under {examples_uri}/Split-eval to build TF Serving's warm-up "
+            "requests from: nothing was pushed. The eval split of this run is empty; check the "
+            "span's size and ExampleGen's split."
+        )
+    return rows
+
+
+def _raw_columns(rows: list[tf.train.Example], inputs) -> dict[str, tf.Tensor]:
+    """Raw feature values by column, as a client of the raw_features signature sends them; a
+    missing optional value is "" or 0, as that signature reads it."""
+    columns = {}
+    for name, info in inputs.items():
+        values = []
+        for row in rows:
+            feature = row.features.feature.get(name)
+            kind = feature.WhichOneof("kind") if feature is not None else None
+            listed = list(getattr(feature, kind).value) if kind else []
+            values.append(listed[0] if listed else (b"" if info.dtype == types_pb2.DT_STRING
+                                                    else 0))  # fmt: skip
+        columns[name] = tf.constant(values, dtype=tf.dtypes.as_dtype(info.dtype))
+    return columns
+
+
+def warmup_records(model_name: str, saved_model_pb: bytes, rows: list[tf.train.Example]) -> bytes:
+    """The warm-up file's content for a version whose saved_model.pb is `saved_model_pb`:
+    only requests for signatures it has (a request TF Serving refuses fails the version's load,
+    so a model exported before a signature existed must not be warmed up through it)."""
+    signatures = saved_model_pb2.SavedModel.FromString(saved_model_pb).meta_graphs[0].signature_def
+    serialized = tf.constant([row.SerializeToString() for row in rows])
+    logs = []
+
+    def request(kind: str, signature: str):
+        log = prediction_log_pb2.PredictionLog()
+        logs.append(log)
+        message = getattr(log, kind).request
+        message.model_spec.name, message.model_spec.signature_name = model_name, signature
+        return message
+
+    for batch in (serialized[:1], serialized):
+        predict = request("predict_log", SERVING_SIGNATURE)
+        predict.inputs["examples"].CopyFrom(tf.make_tensor_proto(batch))
+    for kind, signature in (
+        ("classify_log", CLASSIFY_SIGNATURE),
+        ("regress_log", REGRESS_SIGNATURE),
+    ):
+        if signature in signatures:
+            request(kind, signature).input.example_list.examples.extend(rows)
+    if RAW_SIGNATURE in signatures:
+        predict = request("predict_log", RAW_SIGNATURE)
+        for name, tensor in _raw_columns(rows, signatures[RAW_SIGNATURE].inputs).items():
+            predict.inputs[name].CopyFrom(tf.make_tensor_proto(tensor))
+    with tempfile.NamedTemporaryFile(suffix=".tfrecord") as local:
+        with tf.io.TFRecordWriter(local.name) as writer:
+            for log in logs:
+                writer.write(log.SerializeToString())
+        return open(local.name, "rb").read()

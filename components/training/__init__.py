@@ -1,0 +1,2 @@
+"""Training infrastructure: the training loop, serving export, distribution, backups, guards, local
+workers and TFJobs."""

@@ -1,0 +1,93 @@
+"""The exported SavedModel's signatures, the same for every use case.
+
+The transform graph (tf.Transform's `transform_features_layer`) sits in front of the model in
+every signature, so a client sends raw features and training and serving cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf  # noqa: E402
+
+# Signatures of the exported SavedModel, as TF Serving's REST API reaches them:
+# - SERVING_SIGNATURE takes serialized raw tf.Examples ("examples") and returns {"outputs":
+#   [batch, 1]} P(positive class): `:predict` with base64 examples (the TFX convention); TFMA
+#   evaluates through it.
+# - CLASSIFY_SIGNATURE and REGRESS_SIGNATURE take the same examples under the name "inputs",
+#   which TF Serving's :classify and :regress require (classifier.cc, regressor.cc): "classes"
+#   ["0", "1"] and their "scores"; "outputs" [batch, 1].
+# - RAW_SIGNATURE takes one [batch] tensor per raw feature: `:predict` with plain JSON values.
+#   Every feature is required there (TF Serving wants every input of a signature); an optional
+#   feature says "missing" with the value preprocessing_fn gives a missing one ("" or 0).
+SERVING_SIGNATURE = "serving_default"
+CLASSIFY_SIGNATURE = "classify"
+REGRESS_SIGNATURE = "regress"
+RAW_SIGNATURE = "raw_features"
+TRANSFORM_SIGNATURE = "transform_features"
+CLASS_LABELS = ("0", "1")
+
+
+def export(
+    model: tf.keras.Model, tf_transform_output, serving_model_dir: str, label_key: str
+) -> None:
+    """Saves `model` with the signatures above, the transform graph in front of it."""
+    # A layer built under mixed_float16 would cast the raw floats to half before the transform
+    # graph, which takes float32; the trained layers keep the policy they were built with.
+    tf.keras.mixed_precision.set_global_policy("float32")
+    model.tft_layer = tf_transform_output.transform_features_layer()  # tracks the vocab assets
+    raw_spec = tf_transform_output.raw_feature_spec()
+    serving_spec = {k: v for k, v in raw_spec.items() if k != label_key}
+    examples_spec = tf.TensorSpec([None], tf.string, name="examples")
+
+    def probability(parsed: dict) -> tf.Tensor:
+        transformed = model.tft_layer(parsed)
+        transformed.pop(label_key, None)
+        return tf.cast(model(transformed), tf.float32)
+
+    @tf.function(input_signature=[examples_spec])
+    def serve(examples):
+        return {"outputs": probability(tf.io.parse_example(examples, serving_spec))}
+
+    inputs_spec = tf.TensorSpec([None], tf.string, name="inputs")
+
+    @tf.function(input_signature=[inputs_spec])
+    def classify(inputs):
+        p = probability(tf.io.parse_example(inputs, serving_spec))
+        scores = tf.concat([1.0 - p, p], axis=1)
+        classes = tf.tile(tf.constant([CLASS_LABELS]), [tf.shape(p)[0], 1])
+        return {"classes": classes, "scores": scores}
+
+    @tf.function(input_signature=[inputs_spec])
+    def regress(inputs):
+        return {"outputs": probability(tf.io.parse_example(inputs, serving_spec))}
+
+    raw_inputs = {
+        key: tf.TensorSpec([None], spec.dtype, name=key) for key, spec in serving_spec.items()
+    }
+
+    @tf.function
+    def raw_features(**inputs):
+        parsed = {}
+        for key, spec in serving_spec.items():
+            column = tf.reshape(inputs[key], [-1, 1])
+            # A VarLen feature is sparse after parsing; from_dense drops the "missing" 0 / "".
+            varlen = isinstance(spec, tf.io.VarLenFeature)
+            parsed[key] = tf.sparse.from_dense(column) if varlen else column
+        return {"outputs": probability(parsed)}
+
+    # TFMA evaluates on labelled examples, so this one parses the label too.
+    @tf.function(input_signature=[examples_spec])
+    def transform_features(examples):
+        return model.tft_layer(tf.io.parse_example(examples, raw_spec))
+
+    signatures = {
+        SERVING_SIGNATURE: serve,
+        CLASSIFY_SIGNATURE: classify,
+        REGRESS_SIGNATURE: regress,
+        RAW_SIGNATURE: raw_features.get_concrete_function(**raw_inputs),
+        TRANSFORM_SIGNATURE: transform_features,
+    }
+    model.save(serving_model_dir, save_format="tf", signatures=signatures)

@@ -1,0 +1,236 @@
+"""The training loop every use case shares: TFX's `run_fn`.
+
+`run_fn` builds the use case's model (`custom_config["use_case"]`, its `build_model`), trains it
+on Transform's output under the chosen tf.distribute strategy, with backups, a time budget and
+early stopping, and exports a SavedModel whose signatures take raw features
+(components/training/export.py), so clients never see the transformed feature space.
+
+Every setting comes from the Trainer's custom_config (pipelines/pipeline.py `trainer_config`, from
+the config): no default here can disagree with the config's.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Transform's Keras layer and TFMA are built on Keras 2; pick it before TensorFlow is imported.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+import tensorflow_transform as tft  # noqa: E402
+from tfx_bsl.public import tfxio  # noqa: E402
+
+if TYPE_CHECKING:  # the annotation only: tfx.v1 imports every component and Vertex AI's SDK
+    from tfx import v1 as tfx
+
+from components.base import storage  # noqa: E402
+from components.base.use_case import load as load_use_case  # noqa: E402
+from components.training import (  # noqa: E402
+    checkpoints,
+    distribution,
+    export,  # noqa: E402
+    guards,
+)
+from components.training.autograph_rules import keep_autograph_out_of_libraries  # noqa: E402
+
+keep_autograph_out_of_libraries()  # 15 s less tracing before the first step
+
+BUDGET_CHECK_STEPS = 20  # multi-worker: steps between agreements on the time budget
+TRAINING_SUMMARY = "training_summary.json"  # in model_run: what the run summary reports
+SHARED_SHUFFLE_SEED = 20  # multi-worker: the same order on every worker (see _shard_by_files)
+CACHED_SHUFFLE_BATCHES = 64
+MIXED_PRECISION_SETTINGS = ("auto", "on", "off")
+# Settings run_fn takes from custom_config without a default of its own (the config has them).
+REQUIRED_SETTINGS = (
+    "use_case", "strategy", "mixed_precision", "epochs", "batch_size", "learning_rate",
+    "max_train_minutes", "early_stopping_patience", "checkpoint_every_steps",
+    "cache_training_data", "tensorboard_every_steps",
+)  # fmt: skip
+
+_log = logging.getLogger(__name__)
+
+
+def use_mixed_precision(setting: str, num_gpus: int) -> bool:
+    """Whether to train in mixed_float16: 'on', 'off', or 'auto' (only where a GPU makes it pay)."""
+    if setting not in MIXED_PRECISION_SETTINGS:
+        raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION_SETTINGS}: {setting!r}")
+    return setting == "on" or (setting == "auto" and num_gpus > 0)
+
+
+def _dataset(
+    files, fn_args, tf_transform_output, label_key: str, batch_size: int, training: bool,
+    cache: bool = False, seed: int | None = None,
+) -> tf.data.Dataset:  # fmt: skip
+    """Batches of (transformed features, label) from Transform's gzip TFRecords.
+
+    tfxio reads the files in parallel (interleaved, AUTOTUNE) and parses after batching (one
+    vectorised parse per batch, no Python per example); training data is shuffled, with `seed`
+    when every worker must see the same order. `cache` keeps the parsed batches in memory after
+    the first pass and shuffles the batches anew each epoch."""
+    options = tfxio.TensorFlowDatasetOptions(
+        batch_size=batch_size,
+        label_key=label_key,
+        shuffle=training and not cache,
+        shuffle_seed=seed,
+        num_epochs=1 if cache else None,
+        reader_num_threads=tf.data.AUTOTUNE,
+    )
+    schema = tf_transform_output.transformed_metadata.schema
+    dataset = fn_args.data_accessor.tf_dataset_factory(files, options, schema)
+    if cache:
+        dataset = dataset.cache()
+        if training:
+            dataset = dataset.shuffle(CACHED_SHUFFLE_BATCHES, seed=seed)
+        dataset = dataset.repeat()
+    if training and seed is None:
+        # tfxio's TFExampleRecord fixes the interleave's order (it ignores `sloppy_ordering`);
+        # training wants whichever file is ready first. A seeded order must stay reproducible.
+        unordered = tf.data.Options()
+        unordered.deterministic = False
+        dataset = dataset.with_options(unordered)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _shard_by_files(dataset: tf.data.Dataset, files: list[str], workers: int) -> tf.data.Dataset:
+    """Each worker reads its own files when there are enough of them, else every worker reads
+    all and keeps every N-th batch: the order is then seeded alike on every worker (run_fn), so
+    the workers' shares do not overlap; each worker reads the whole data, though."""
+    if workers < 2:
+        return dataset
+    count = sum(len(tf.io.gfile.glob(pattern)) for pattern in files)
+    policy = tf.data.experimental.AutoShardPolicy
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        policy.FILE if count >= workers else policy.DATA
+    )
+    return dataset.with_options(options)
+
+
+def run_fn(fn_args: tfx.components.FnArgs) -> None:
+    """Trains on `fn_args.train_files` and exports to `fn_args.serving_model_dir`.
+
+    Resumes from the training's backup when there is one (components/training/checkpoints.py),
+    stops on
+    the time budget or early (components/training/guards.py), and writes TRAINING_SUMMARY into the
+    model_run folder for the run summary."""
+    started = time.monotonic()
+    config = fn_args.custom_config or {}
+    missing = [key for key in REQUIRED_SETTINGS if key not in config]
+    if missing:
+        raise ValueError(f"the Trainer's custom_config lacks {missing} (pipelines/pipeline.py "
+                         "trainer_config gives every setting)")  # fmt: skip
+    use_case = load_use_case(config["use_case"])
+    if not fn_args.train_steps:
+        raise ValueError("train_steps must be set: the training dataset repeats forever")
+    # First: MultiWorkerMirroredStrategy must exist before TensorFlow runs anything.
+    strategy = distribution.choose_strategy(config["strategy"])
+    gpus = tf.config.list_logical_devices("GPU")
+    mixed = use_mixed_precision(config["mixed_precision"], len(gpus))
+    # Set either way: the policy is process-global and a previous run may have changed it.
+    tf.keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
+    replicas = strategy.num_replicas_in_sync
+    workers = max(1, distribution.num_tasks(distribution.cluster_spec()))
+    chief = distribution.is_chief()
+    epochs = max(1, int(config["epochs"]))
+    steps_per_epoch = max(1, fn_args.train_steps // epochs)
+    per_replica = int(config["batch_size"])
+    batch_size = distribution.global_batch_size(per_replica, replicas)
+    learning_rate = distribution.scaled_learning_rate(float(config["learning_rate"]), replicas)
+
+    tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
+    cache = bool(config["cache_training_data"])
+    seed = SHARED_SHUFFLE_SEED if workers > 1 else None
+    label = use_case.label_key
+    train = _dataset(
+        fn_args.train_files, fn_args, tf_transform_output, label, batch_size, True, cache, seed
+    )
+    train = _shard_by_files(train, fn_args.train_files, workers)
+    evaluation = _dataset(
+        fn_args.eval_files, fn_args, tf_transform_output, label, batch_size, False
+    )
+    evaluation = _shard_by_files(evaluation, fn_args.eval_files, workers)
+    with strategy.scope():
+        hyperparameters = use_case.resolved_hyperparameters(config.get("hyperparameters", {}))
+        model = use_case.function("build_model")(hyperparameters, learning_rate)
+
+    backup = checkpoints.TrainingBackup(
+        config.get("checkpoint_dir") or os.path.join(fn_args.model_run_dir, "backup"),
+        local_dir=tempfile.mkdtemp(prefix="training-backup-"),
+        writer=chief,
+    )
+    resumed = backup.download()
+    finished = backup.load_final(model)  # trained before, killed in the export: export again
+    budget = guards.TimeBudget(
+        float(config["max_train_minutes"]),
+        started,
+        agree=guards.any_worker(strategy),
+        check_every=1 if workers < 2 else BUDGET_CHECK_STEPS,
+    )
+    throughput = guards.Throughput(batch_size)
+    stopper = guards.early_stopping(int(config["early_stopping_patience"]), epochs)
+    callbacks = [
+        throughput,  # first: its timing brackets the training step, not the other callbacks
+        checkpoints.StoreBackedBackup(backup, int(config["checkpoint_every_steps"])),
+        tf.keras.callbacks.TensorBoard(
+            os.path.join(fn_args.model_run_dir, "logs"),
+            update_freq=int(config["tensorboard_every_steps"]),
+            histogram_freq=1,
+            write_graph=True,
+        ),
+        budget,
+    ] + ([stopper] if fn_args.eval_steps else [])
+    _log.info(
+        f"Training: strategy={type(strategy).__name__} replicas={replicas} workers={workers} "
+        f"devices={strategy.extended.worker_devices} mixed_precision={mixed} epochs={epochs} "
+        f"steps_per_epoch={steps_per_epoch} eval_steps={fn_args.eval_steps} "
+        f"global_batch={batch_size} learning_rate={learning_rate:g} "
+        f"backup={backup.remote_dir} ({'resuming' if resumed else 'new'})"
+    )
+    if finished is None:
+        model.fit(
+            train,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            validation_data=evaluation if fn_args.eval_steps else None,
+            validation_steps=fn_args.eval_steps or None,
+            callbacks=callbacks,
+            verbose=2,
+        )
+    summary = finished or {
+        "strategy": distribution.name_of(strategy),
+        "replicas": replicas,
+        "workers": workers,
+        "steps": int(model._train_counter.numpy()),
+        "planned_steps": steps_per_epoch * epochs,
+        "resumed": resumed,
+        "examples_per_second": round(throughput.examples_per_second, 1),
+        "stopped": _stop_reason(budget, stopper if fn_args.eval_steps else None),
+    }
+    _log.info("Training finished: %s", json.dumps(summary))
+    if finished is None:  # the weights to export (the best epoch's), kept until exported
+        backup.save_final(model, summary)
+    export.export(model, tf_transform_output, fn_args.serving_model_dir, use_case.label_key)
+    if chief:
+        storage.write_bytes(
+            storage.join(fn_args.model_run_dir, TRAINING_SUMMARY), json.dumps(summary).encode()
+        )
+    backup.delete_remote()  # a finished training leaves no backup behind
+    shutil.rmtree(backup.local_dir, ignore_errors=True)
+
+
+def _stop_reason(budget: guards.TimeBudget, stopper) -> str:
+    if budget.stopped_at_step is not None:
+        return f"stopped on budget ({budget.minutes:g} min) at step {budget.stopped_at_step}"
+    if stopper is not None and stopper.stopped_epoch:
+        return (
+            f"stopped early: no better {guards.EARLY_STOP_METRIC} for {stopper.patience} epoch(s) "
+            f"after epoch {stopper.best_epoch + 1}, whose weights were kept"
+        )
+    return "completed"

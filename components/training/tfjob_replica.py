@@ -1,0 +1,67 @@
+"""Entry point of a TFJob replica (components/training/tfjob.py): python -m
+components.training.tfjob_replica JOB_URI
+
+The Training Operator starts one per replica with TF_CONFIG set. The replica downloads the
+Trainer's inputs from the object store (boto3 through components.base.storage: TensorFlow's `s3://`
+client is not reliable against S3-compatible stores) into local scratch space, runs the same
+executor and run_fn as every other Trainer, and, on the chief only, uploads the model and
+model_run to the staging URIs the job names; the other replicas' copies are discarded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+_log = logging.getLogger("components.training.tfjob_replica")
+
+
+def main(job_uri: str) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)  # a line per feature per dataset
+    from tfx.types import artifact_utils
+
+    from components.base import storage
+    from components.training.local_workers import run_executor
+
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    is_chief = task["type"] == "chief"
+    job = json.loads(storage.read_bytes(job_uri))
+    work = Path(tempfile.mkdtemp(prefix="tfjob-replica-"))
+    try:
+        started = time.monotonic()
+        inputs = artifact_utils.parse_artifact_dict(job["inputs"])
+        files = 0
+        for key, artifacts in inputs.items():
+            for index, artifact in enumerate(artifacts):
+                local = str(work / "inputs" / key / str(index))
+                files += storage.copy_tree(artifact.uri, local)
+                artifact.uri = local
+        _log.info("Replica %s-%s: downloaded %d input files in %.1f s", task["type"],
+                  task["index"], files, time.monotonic() - started)  # fmt: skip
+        outputs = artifact_utils.parse_artifact_dict(job["outputs"])
+        staging_of: dict[str, str] = {}
+        for key, artifacts in outputs.items():
+            for index, artifact in enumerate(artifacts):
+                local = str(work / "outputs" / key / str(index))
+                os.makedirs(local)
+                staging_of[local], artifact.uri = artifact.uri, local
+        run_executor(inputs, outputs, job["exec_properties"])
+        if is_chief:
+            for local, staging in staging_of.items():
+                storage.copy_tree(local, staging)
+            _log.info("Chief: uploaded the model and model_run for the step")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,1 @@
+"""The benchmark: end to end, training, serving, start-up, stock TFX."""

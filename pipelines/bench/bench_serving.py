@@ -1,0 +1,173 @@
+"""`tkp bench-serving`: latency and throughput of `tkp serve`, next to the SavedModel called in
+this process on the same rows, under the same bounded load (fixed count, fixed concurrency).
+
+The server runs as its own process (`tkp serve`, as users run it); this process only sends
+prepared request bodies over keep-alive connections, so the figures are the server's. Both
+sides are measured in one run, so their ratio holds on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from components.base import registry, spans, storage
+from components.base.config import WORK_DIR, PipelineConfig
+from components.base.errors import ActionableError
+from components.base.object_store import stop_process
+from components.base.use_case import load as load_use_case
+from components.training.export import SERVING_SIGNATURE
+from pipelines.serving.serving_client import ServingClient
+
+
+class BenchError(ActionableError, RuntimeError):
+    pass
+
+
+def _load(call: Callable[[], None], count: int, concurrency: int) -> dict:
+    """`count` calls on `concurrency` threads: p50, p99 (ms) and calls per second."""
+    for _ in range(min(10, count)):  # not measured: connections, first-call paths
+        call()
+
+    def timed(_: int) -> float:
+        started = time.perf_counter()
+        call()
+        return time.perf_counter() - started
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        latencies = sorted(pool.map(timed, range(count)))
+    elapsed = time.perf_counter() - started
+    return {
+        "p50_ms": round(1000 * statistics.median(latencies), 2),
+        "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
+        "per_second": round(count / elapsed, 1),
+    }
+
+
+def _http_caller(port: int, path: str, body: bytes) -> Callable[[], None]:
+    """A POST of `body` on a keep-alive connection of the calling thread. http.client rather
+    than requests: the client's own CPU time must not eat into the server's on a small machine."""
+    local = threading.local()
+
+    def call() -> None:
+        if not hasattr(local, "connection"):
+            local.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        local.connection.request("POST", path, body, {"Content-Type": "application/json"})
+        response = local.connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise BenchError(f"the server answered {response.status}: {answer[:200]!r}")
+
+    return call
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _eval_rows(config: PipelineConfig, version: int, limit: int) -> list[dict[str, str]]:
+    from pipelines.serving.samples import read_rows
+
+    record = registry.read_record(config.serving_model_dir, version) or {}
+    data_root = record.get("data_root") or config.data_root
+    span_dir = storage.join(data_root, f"{spans.SPAN_PREFIX}{record.get('span', 0)}", "")
+    files = [f.path for f in spans.span_files(span_dir)]
+    if not files:
+        raise BenchError(f"no data file of version {version}'s span under {data_root}")
+    return read_rows(files[0], limit, config.input_encoding)
+
+
+def run(config: PipelineConfig, requests_per_size: int, concurrency: int, batch_sizes: list[int],
+        say: Callable[[str], None]) -> dict:  # fmt: skip
+    import tensorflow as tf
+
+    from pipelines.serving.samples import row_to_example
+
+    folder = config.serving_model_dir
+    version = registry.served_version(folder, config.model_name)
+    if version is None:
+        raise BenchError(f"no version is pushed under {folder}: run `make run` first")
+    rows = _eval_rows(config, version, max(batch_sizes))
+    if len(rows) < max(batch_sizes):
+        largest = max(batch_sizes)
+        raise BenchError(f"the span of version {version} has {len(rows)} rows, fewer than the "
+                         f"largest batch ({largest}): use smaller --batch-sizes")  # fmt: skip
+    use_case = load_use_case(config.use_case)
+    examples = [row_to_example(row, use_case) for row in rows]
+    port = _free_port()
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    cache = Path(tempfile.mkdtemp(prefix="bench-serving-", dir=WORK_DIR))
+    # The same store and model as this command's config, whatever set them (--set, env).
+    command = [sys.executable, "-m", "pipelines.cli", "serve", "--port", str(port),
+               "--cache-dir", str(cache), "--set", f"serving_root={config.serving_root}",
+               "--set", f"model_name={config.model_name}"]  # fmt: skip
+    say(f"Starting `tkp serve` on port {port} (version {version}) ...")
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=dict(os.environ))  # fmt: skip
+    path = f"/v1/models/{config.model_name}"
+    try:
+        deadline = time.monotonic() + 180
+        client = ServingClient(
+            f"http://127.0.0.1:{port}", config.model_name, use_case=config.use_case
+        )
+        while client.serving_version() != (
+            version
+        ):  # the status answers 200 while the version still loads: wait for AVAILABLE
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise BenchError("`tkp serve` did not come up; run it alone to see why")
+            time.sleep(0.5)
+        model = tf.saved_model.load(str(cache / config.model_name / str(version)))
+        signature = model.signatures[SERVING_SIGNATURE]
+        results = {"version": version, "requests": requests_per_size, "runs": []}
+        for size in batch_sizes:
+            instances = [{"b64": base64.b64encode(e).decode()} for e in examples[:size]]
+            body = json.dumps({"signature_name": SERVING_SIGNATURE, "instances": instances})
+            batch = tf.constant(examples[:size])
+            for threads in sorted({1, concurrency}):
+                say(f"{size} example(s) per request, {threads} at a time: {requests_per_size} "
+                    "requests to `tkp serve`, then as many calls in-process ...")  # fmt: skip
+                served = _load(_http_caller(port, f"{path}:predict", body.encode()),
+                               requests_per_size, threads)  # fmt: skip
+                local = _load(lambda batch=batch: signature(examples=batch)["outputs"].numpy(),
+                              requests_per_size, threads)  # fmt: skip
+                results["runs"].append({
+                    "examples": size, "concurrency": threads, "serve": served,
+                    "in_process": local,
+                    "p50_ratio": round(served["p50_ms"] / max(local["p50_ms"], 1e-3), 2),
+                })  # fmt: skip
+    finally:
+        stop_process(server, grace_seconds=60)
+        shutil.rmtree(cache, ignore_errors=True)
+    return results
+
+
+def table(results: dict) -> str:
+    lines = [f"Serving benchmark: version {results['version']}, {results['requests']} requests "
+             "per row (serve: over HTTP to `tkp serve`; in_process: the SavedModel called here)",
+             f"{'examples':>8} {'threads':>7}  {'where':<11} {'p50 ms':>8} {'p99 ms':>8} "
+             f"{'req/s':>8} {'rows/s':>9}"]  # fmt: skip
+    for run in results["runs"]:
+        for where in ("serve", "in_process"):
+            f = run[where]
+            rows_per_second = f["per_second"] * run["examples"]
+            lines.append(f"{run['examples']:>8} {run['concurrency']:>7}  {where:<11} "
+                         f"{f['p50_ms']:>8.2f} {f['p99_ms']:>8.2f} {f['per_second']:>8.1f} "
+                         f"{rows_per_second:>9.0f}")  # fmt: skip
+        lines.append(f"{'':>17}serve / in-process p50: {run['p50_ratio']:.2f}x")
+    return "\n".join(lines)

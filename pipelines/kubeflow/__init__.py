@@ -1,0 +1,1 @@
+"""Kubeflow glue: the compiler, the step containers' entry point, the KFP client, images."""

@@ -1,0 +1,1 @@
+"""The local runner and what it starts: LocalDagRunner, TensorBoard."""

@@ -1,0 +1,180 @@
+"""A local mirror of the served versions, for a model server that cannot read `s3://`.
+
+TF Serving 2.7 and later has no S3 file system, and TensorFlow's `s3://` client is not reliable
+against S3-compatible stores (README.md, "Object storage notes"). So the versions are copied to
+a local folder, `<target>/<model_name>/<N>/`, and TF Serving (kubeflow/serving/, as a sidecar
+running `tkp serving-sync`) or `tkp serve` reads that copy and the model config file written
+beside it, `<target>/models.config`: the store's config with base_path pointing at the copy.
+
+Order matters, because the reader polls: a version is copied into a staging folder and renamed
+into place whole; the config pins a version only once it is in place; a version that left the
+store (pruned) is deleted locally only when the new config no longer pins it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from components.base import registry, storage
+
+_STAGING = ".staging"
+
+
+@dataclass
+class SyncResult:
+    served: int | None  # the version the local config pins; None: nothing pushed yet
+    versions: list[int] = field(default_factory=list)  # complete versions on the store
+    copied: list[int] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)
+
+
+def local_model_dir(target: Path, model_name: str) -> Path:
+    return Path(target) / model_name
+
+
+def local_config_path(target: Path) -> Path:
+    return Path(target) / registry.MODEL_CONFIG_FILE
+
+
+def sync_once(serving_model_dir: str, model_name: str, target: Path) -> SyncResult:
+    """Mirrors the complete versions under `serving_model_dir` into `target` and writes the
+    local model config file. Raises StorageError or RegistryError (naming the file) when the
+    store cannot be read or its config is broken; the local copy is then left as it was, so a
+    reader keeps serving what it served."""
+    target = Path(target)
+    models = local_model_dir(target, model_name)
+    _forget_other_source(target, models, serving_model_dir)
+    complete = registry.complete_versions(serving_model_dir)
+    served = registry.served_version(serving_model_dir, model_name)
+    result = SyncResult(served=served, versions=sorted(complete))
+    for version, source in sorted(complete.items()):
+        if not (models / str(version) / "saved_model.pb").exists():
+            _copy_version(source, models / str(version), target / _STAGING)
+            result.copied.append(version)
+    if served is not None:
+        text = registry.model_config_text(str(models), model_name, served)
+        storage.write_bytes(str(local_config_path(target)), text.encode())
+    for path in sorted(models.iterdir()) if models.exists() else []:
+        if path.name.isdigit() and int(path.name) not in complete and int(path.name) != served:
+            shutil.rmtree(path, ignore_errors=True)
+            result.deleted.append(int(path.name))
+    return result
+
+
+def store_state(serving_model_dir: str, client) -> tuple | None:
+    """What a sync would see, summed up cheaply: the model config file's ETag and each version
+    whose saved_model.pb exists (with its ETag), from one delimited listing and one HEAD per
+    version, on one reused boto3 client. A full sync lists through Beam, which builds a new S3
+    client per listing (about 0.3 s of CPU each, 2-3 s a sync): polled every few seconds, that
+    would take a core from the requests. None for a path that is not `s3://` (always synced)."""
+    if not serving_model_dir.startswith("s3://"):
+        return None
+    bucket, prefix = storage.split_s3(serving_model_dir.rstrip("/") + "/")
+    try:
+        return _store_state(client, bucket, prefix)
+    except Exception as e:  # botocore's connection and client errors
+        raise storage.StorageError(
+            f"cannot read {serving_model_dir}: {e}. Check that the object store at "
+            f"{os.environ.get('AWS_ENDPOINT_URL_S3') or 'AWS S3'} runs, that the bucket {bucket!r} "
+            "exists, and that AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are set."
+        ) from e
+
+
+def state_after_sync(serving_model_dir: str, client, before: tuple | None) -> tuple | None:
+    """What a poller may remember after a sync that started from the probe `before`: `before`
+    only if the store still shows it. A change between the probe and the sync (a push's model
+    config landing) would otherwise be remembered as the older state; a rollback that writes
+    back a byte-identical older config (same ETag) then matches it, and is never synced."""
+    if before is None or store_state(serving_model_dir, client) != before:
+        return None
+    return before
+
+
+def _store_state(client, bucket: str, prefix: str) -> tuple:
+    from botocore.exceptions import ClientError
+
+    config_tag, numbers = None, []
+    pages = client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=prefix, Delimiter="/"
+    )
+    for page in pages:
+        for item in page.get("Contents", []):
+            if item["Key"] == prefix + registry.MODEL_CONFIG_FILE:
+                config_tag = item["ETag"]
+        for common in page.get("CommonPrefixes", []):
+            name = common["Prefix"][len(prefix) : -1]
+            numbers += [int(name)] if name.isdigit() else []
+    versions = []
+    for number in sorted(numbers):
+        try:
+            head = client.head_object(Bucket=bucket, Key=f"{prefix}{number}/saved_model.pb")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                continue
+            raise
+        versions.append((number, head["ETag"]))
+    return config_tag, tuple(versions)
+
+
+def _forget_other_source(target: Path, models: Path, serving_model_dir: str) -> None:
+    """Empties a copy made from another store or folder: version numbers are only unique
+    within one serving directory, so a copy of another's version 1 must not pass for this one."""
+    source = f"{os.environ.get('AWS_ENDPOINT_URL_S3', '')} {serving_model_dir}"
+    marker = target / ".source"
+    if marker.exists() and marker.read_text() != source:
+        shutil.rmtree(models, ignore_errors=True)
+        local_config_path(target).unlink(missing_ok=True)
+    target.mkdir(parents=True, exist_ok=True)
+    marker.write_text(source)
+
+
+def _copy_version(source: str, destination: Path, staging_root: Path) -> None:
+    staging = staging_root / f"{destination.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        storage.copy_tree(source, str(staging), last="saved_model.pb")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if destination.exists():  # a copy that died before saved_model.pb: replace it
+            shutil.rmtree(destination)
+        staging.rename(destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def run(serving_model_dir: str, model_name: str, target: Path, interval: float | None,
+        say: Callable[[str], None]) -> int:  # fmt: skip
+    """`tkp serving-sync`: once (interval None; an error is the exit status, for an init
+    container), or every `interval` seconds until stopped (an error is logged and retried: the
+    reader keeps serving the last good copy meanwhile)."""
+    client, last_state = None, None
+    while True:
+        started = time.monotonic()
+        try:
+            if client is None and serving_model_dir.startswith("s3://"):
+                from components.base.object_store import s3_client
+
+                client = s3_client()
+            state = store_state(serving_model_dir, client)
+            if state is not None and state == last_state:
+                time.sleep(interval)
+                continue
+            result = sync_once(serving_model_dir, model_name, target)
+            last_state = state_after_sync(serving_model_dir, client, state)
+        except Exception as e:  # StorageError, RegistryError, OSError: all retried
+            if interval is None:
+                raise
+            say(f"serving-sync: {e} (retrying in {interval:g} s; the last copy stays served)")
+        else:
+            if result.copied or result.deleted or interval is None:
+                say(
+                    f"serving-sync: version {result.served} serves; copied {result.copied or '-'}, "
+                    f"deleted {result.deleted or '-'} ({time.monotonic() - started:.1f} s)"
+                )
+        if interval is None:
+            return 0
+        time.sleep(interval)

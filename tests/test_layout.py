@@ -1,0 +1,50 @@
+"""The tree's rules that the import contracts (pyproject.toml, `make lint`) cannot see: a use
+case's names stay in its folder, and README's Layout names every package."""
+
+import re
+
+import pytest
+
+from components.base.config import REPO_ROOT
+
+# The taxi use case's columns: product code outside its folder must not name them.
+TAXI_COLUMNS = (
+    "payment_type", "trip_miles", "trip_seconds", "fare", "big_tipper", "pickup_community_area",
+)  # fmt: skip
+TAXI_FOLDER = REPO_ROOT / "components" / "use_cases" / "taxi"
+
+
+def _product_modules():
+    for top in ("pipelines", "components"):
+        for path in sorted((REPO_ROOT / top).rglob("*.py")):
+            if TAXI_FOLDER not in path.parents:
+                yield path
+
+
+def test_no_taxi_column_is_named_outside_the_taxi_use_case():
+    pattern = re.compile(r"\b(" + "|".join(TAXI_COLUMNS) + r")\b")
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+        for path in _product_modules()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert len(list(_product_modules())) > 50  # the scan saw the tree
+    assert found == []
+
+
+def _packages() -> list[str]:
+    return sorted(
+        str(init.parent.relative_to(REPO_ROOT))
+        for top in ("pipelines", "components")
+        for init in (REPO_ROOT / top).rglob("__init__.py")
+        if init.parent.parent != REPO_ROOT  # the two top packages are the fixed layout
+    )
+
+
+@pytest.mark.parametrize("package", _packages())
+def test_readme_layout_names_every_package(package):
+    readme = (REPO_ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout") : readme.index("\n## ", readme.index("## Layout"))]
+    named = package.replace("use_cases/taxi", "use_cases/<name>")
+    assert f"`{named}/`" in layout or f"`{named}/" in layout, f"README's Layout lacks {package}/"
