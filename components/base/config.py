@@ -245,7 +245,8 @@ RUN_PARAMETERS: dict[str, type] = {
 
 
 # What each run parameter does and what it accepts, for the compiled spec's parameter
-# descriptions (pipelines/kubeflow/kubeflow_runner.py adds the default). tests/test_kubeflow_spec.py
+# descriptions (pipelines/kubeflow/kubeflow_runner.py adds the default).
+# tests/pipelines/kubeflow/test_kubeflow_spec.py
 # checks each stated range against RULES.
 RUN_PARAMETER_HELP: dict[str, str] = {
     "data_root": "Folder with one sub-folder per data span (`span-N/*.csv`). "

@@ -3,7 +3,8 @@ to the entry point's `<executor> starts: imports done` line, and peak RSS at tha
 
 Each step runs its compiled command line from the spec (`python -m
 pipelines.kubeflow.kfp_entrypoint` and
-the spec's arguments) in the image's environment, as tests/kfp_launcher.py plays a pod: `{{$}}`
+the spec's arguments) in the image's environment, as tests/stand_ins/kfp_launcher.py plays a pod:
+`{{$}}`
 becomes an ExecutorInput with the task's parameters as the driver resolves them, inputs and
 outputs under a throwaway pod root (KFP_LOCAL_ARTIFACT_ROOT), each input an empty folder. That
 passes the entry point's checks without any data or object store, and the process is killed as
@@ -36,7 +37,8 @@ from components.base.launcher_paths import LOCAL_ROOT_ENV
 from pipelines.kubeflow.kfp_entrypoint import EXECUTOR_STARTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Both images' Python layers are the same text (tests/test_kubeflow_spec.py compares them), so
+# Both images' Python layers are the same text (tests/pipelines/kubeflow/test_kubeflow_spec.py
+# compares them), so
 # the CPU image's ENV is every step's.
 DOCKERFILE = REPO_ROOT / "kubeflow" / "Dockerfile"
 IMAGE_VENV = "/opt/venv"

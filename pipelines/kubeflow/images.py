@@ -2,7 +2,8 @@
 
 The images are the config's `cpu_image` (kubeflow/Dockerfile) and, with `gpu=True`,
 `gpu_image` (kubeflow/Dockerfile.gpu), built from the repository root. Their tags come from the
-config, whose defaults carry the project version (tests/test_containers.py keeps them equal);
+config, whose defaults carry the project version (tests/pipelines/kubeflow/test_containers.py keeps
+them equal);
 PIPELINE_CPU_IMAGE / PIPELINE_GPU_IMAGE name others, as CI does with a tag per commit
 (.github/workflows/train-on-merge.yml); `push=True` then pushes them with the engine's login.
 

@@ -190,7 +190,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.INFO)
     # The line that ends the step's start-up (everything imported, no data read yet):
-    # tests/kfp_containers.py and pipelines/bench/bench_startup.py time it from the start.
+    # tests/stand_ins/kfp_containers.py and pipelines/bench/bench_startup.py time it from the start.
     executor = argv[argv.index(EXECUTOR_FLAG) + 1] if EXECUTOR_FLAG in argv else "executor"
     logging.getLogger(__name__).info("%s %s", executor, EXECUTOR_STARTS)
     run()

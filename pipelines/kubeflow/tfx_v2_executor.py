@@ -2,7 +2,8 @@
 
 A copy, step for step, of tfx/orchestration/kubeflow/v2/container/kubeflow_v2_run_executor.py
 (`_parse_flags`, `_run_executor`) and the parts of kubeflow_v2_entrypoint_utils.py they use, TFX
-1.16 as the lock pins it; tests/test_bench_startup.py runs both on the same ExecutorInput and
+1.16 as the lock pins it; tests/pipelines/bench/test_bench_startup.py runs both on the same
+ExecutorInput and
 requires the same inputs, properties and output files. Why a copy is below. Used by
 pipelines/kubeflow/kfp_entrypoint.py.
 """
@@ -32,7 +33,7 @@ EXECUTOR_FLAG = "--executor_class_path"
 _BEAM_EXECUTOR_MODULE = "tfx.dsl.components.base.base_beam_executor"
 _EVALUATOR_EXECUTOR_MODULE = "tfx.components.evaluator.executor"
 # kubeflow_v2_entrypoint_utils: an old name of standard_component_specs.INPUT_BASE_KEY (whose
-# module imports TFMA and TFDV; tests/test_bench_startup.py keeps the two equal).
+# module imports TFMA and TFDV; tests/pipelines/bench/test_bench_startup.py keeps the two equal).
 _OLD_INPUT_BASE_PROPERTY_NAME = "input_base_uri"
 _INPUT_BASE_KEY = "input_base"
 _INT64_MAX = 1 << 63

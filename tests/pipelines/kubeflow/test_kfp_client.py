@@ -1,0 +1,345 @@
+"""Tests of pipelines/kubeflow/kfp_client.py: cron normalization, endpoint checks,
+submit/schedule/pause.
+
+The KFP API server cannot run here (no Kubernetes): tests/stand_ins/kfp_api_stand_in.py stands in
+for it.
+These tests check what our code sends (and that nothing is sent when a local check fails), not
+KFP's behaviour.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import kfp
+import pytest
+
+from components.base.errors import ActionableError
+from pipelines.kubeflow import kfp_client
+from pipelines.kubeflow.kfp_client import KubeflowError
+from tests.stand_ins.kfp_api_stand_in import API, SPEC, FakeKfpApi
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    # kfp.Client reads (and may write) a context file under ~/.config/kfp; keep it in tmp_path.
+    monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
+    fake = FakeKfpApi()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def package(tmp_path) -> str:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(SPEC)
+    return str(path)
+
+
+# ----------------------------------------------------------------------------- normalize_cron
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("0 2 * * *", "0 0 2 * * *"),
+        ("30 0 2 * * *", "30 0 2 * * *"),
+        ("*/15 9-17 * JAN-MAR,dec MON-FRI", "0 */15 9-17 * JAN-MAR,dec MON-FRI"),
+        ("0 0 12 ? * sun", "0 0 12 ? * sun"),
+        ("5/10 0-23/2 1,15 * ?", "0 5/10 0-23/2 1,15 * ?"),
+        ("  0   2 * * 0 ", "0 0 2 * * 0"),
+    ],
+)
+def test_normalize_cron_accepts_5_and_6_fields(expression: str, expected: str) -> None:
+    assert kfp_client.normalize_cron(expression) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "field"),
+    [
+        ("61 * * * *", "minute field '61'"),
+        ("0 24 * * *", "hour field '24'"),
+        ("0 2 0 * *", "day-of-month field '0'"),
+        ("0 2 * 13 *", "month field '13'"),
+        ("0 2 * * 7", "day-of-week field '7'"),
+        ("0 2 * * MON-XYZ", "day-of-week field 'MON-XYZ'"),
+        ("60 0 2 * * *", "second field '60'"),
+        ("*/0 * * * *", "minute field '*/0'"),
+        ("0 5-2 * * *", "hour field '5-2'"),
+        ("1,,2 * * * *", "minute field '1,,2'"),
+        ("? 2 * * *", "minute field '?'"),
+        ("0 2 * JANUARY *", "month field 'JANUARY'"),
+        ("0 2 * * *,", "day-of-week field '*,'"),
+        ("0 2 * *", "4 fields"),
+        ("@daily", "1 fields"),
+    ],
+)
+def test_normalize_cron_names_the_bad_field(expression: str, field: str) -> None:
+    with pytest.raises(KubeflowError) as raised:
+        kfp_client.normalize_cron(expression)
+    assert field in str(raised.value)
+    assert '"0 2 * * *" (nightly at 02:00)' in str(raised.value)
+    assert isinstance(raised.value, ActionableError)
+
+
+# ----------------------------------------------------------------------------- check_endpoint
+
+
+def test_check_endpoint_closed_port_fails_fast_and_says_what_to_do() -> None:
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(KubeflowError) as raised:
+        kfp_client.check_endpoint(f"http://127.0.0.1:{port}", timeout_s=3)
+    assert time.monotonic() - started < 10
+    message = str(raised.value)
+    assert f"http://127.0.0.1:{port}" in message
+    assert "kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80" in message
+    assert "KFP_ENDPOINT" in message
+
+
+def test_check_endpoint_accepts_a_healthy_server(api: FakeKfpApi) -> None:
+    kfp_client.check_endpoint(api.endpoint + "/")
+    assert api.paths() == [f"GET {API}/healthz"]
+
+
+def test_check_endpoint_rejects_an_error_status_and_a_missing_scheme(api: FakeKfpApi) -> None:
+    api.healthz_status = 503
+    with pytest.raises(KubeflowError, match="gave 503"):
+        kfp_client.check_endpoint(api.endpoint)
+    with pytest.raises(KubeflowError, match="needs a scheme"):
+        kfp_client.check_endpoint(api.endpoint.removeprefix("http://"))
+
+
+# ----------------------------------------------------------------------------- local checks first
+
+
+def test_unknown_parameter_fails_after_healthz_only(api: FakeKfpApi, package: str) -> None:
+    with pytest.raises(KubeflowError) as raised:
+        kfp_client.submit(api.endpoint, package, {"spn": "3"})
+    assert "['spn']" in str(raised.value)
+    assert "['beam_args', 'data_root', 'min_auc', 'span']" in str(raised.value)
+    with pytest.raises(KubeflowError, match="span='three' is not a valid NUMBER_INTEGER"):
+        kfp_client.schedule(api.endpoint, package, "0 2 * * *", {"span": "three"})
+    assert api.paths() == [f"GET {API}/healthz"] * 2
+
+
+def test_parameter_breaking_a_pipeline_rule_is_refused_before_submitting(
+    api: FakeKfpApi, package: str
+) -> None:
+    with pytest.raises(KubeflowError, match=r"min_auc must be between 0 and 1, got 5\.0"):
+        kfp_client.submit(api.endpoint, package, {"min_auc": "5", "span": "0"})
+    with pytest.raises(KubeflowError, match="span must be -1"):
+        kfp_client.schedule(api.endpoint, package, "0 2 * * *", {"span": "-4"})
+    with pytest.raises(KubeflowError, match="beam_args must be Beam options"):
+        kfp_client.submit(api.endpoint, package, {"beam_args": '["direct_num_workers=2"]'})
+    assert api.paths() == [f"GET {API}/healthz"] * 3
+
+
+def test_bad_cron_fails_before_any_request(api: FakeKfpApi, package: str) -> None:
+    with pytest.raises(KubeflowError, match="hour field '25'"):
+        kfp_client.schedule(api.endpoint, package, "0 25 * * *", {})
+    assert api.requests == []
+
+
+def test_not_a_spec_is_named(api: FakeKfpApi, tmp_path) -> None:
+    missing = str(tmp_path / "nothing.yaml")
+    with pytest.raises(KubeflowError, match="nothing.yaml is not a compiled pipeline spec"):
+        kfp_client.submit(api.endpoint, missing, {"span": "3"})
+
+
+# ----------------------------------------------------------------------------- success paths
+
+
+def test_submit_uploads_once_and_starts_a_run_with_typed_parameters(
+    api: FakeKfpApi, package: str
+) -> None:
+    params = {"span": "3", "min_auc": "0.8", "beam_args": '["--direct_num_workers=2"]'}
+    assert kfp_client.submit(api.endpoint, package, params) == "run-1"
+    (run,) = api.bodies("POST", f"{API}/runs")
+    assert run["runtime_config"]["parameters"] == {
+        "span": 3,
+        "min_auc": 0.8,
+        "beam_args": '["--direct_num_workers=2"]',
+    }
+    assert run["pipeline_version_reference"] == {
+        "pipeline_id": "taxi-tips",
+        "pipeline_version_id": "v0",
+    }
+    assert run["experiment_id"] == "exp-1"
+    assert run["display_name"].startswith("taxi-tips ")
+    assert "pipeline_spec" not in run  # the run uses the uploaded version, as a UI run would
+
+    # The same package again reuses the pipeline; a first version under the hash name is added once.
+    kfp_client.submit(api.endpoint, package, {})
+    kfp_client.submit(api.endpoint, package, {})
+    assert api.paths().count(f"POST {API}/pipelines/upload") == 1
+    assert api.paths().count(f"POST {API}/pipelines/upload_version") == 1
+    assert len(api.bodies("POST", f"{API}/runs")) == 3
+
+
+def test_schedule_creates_a_single_concurrency_no_catchup_cron_job(
+    api: FakeKfpApi, package: str
+) -> None:
+    job_id = kfp_client.schedule(
+        api.endpoint, package, "0 2 * * *", {"span": "-1"}, job_name="nightly"
+    )
+    assert job_id == "job-1"
+    (job,) = api.bodies("POST", f"{API}/recurringruns")
+    assert int(job["max_concurrency"]) == 1
+    assert job["no_catchup"] is True
+    assert job["trigger"] == {"cron_schedule": {"cron": "0 0 2 * * *"}}
+    assert job["mode"] == "ENABLE"
+    assert job["display_name"] == "nightly"
+    assert job["runtime_config"]["parameters"] == {"span": -1}
+    assert job["pipeline_version_reference"]["pipeline_id"] == "taxi-tips"
+    assert api.requests[0][1] == f"{API}/healthz"
+
+    with pytest.raises(KubeflowError, match="'nightly' already exists .*id job-1.*--replace"):
+        kfp_client.schedule(api.endpoint, package, "0 3 * * *", {}, job_name="nightly")
+    assert len(api.bodies("POST", f"{API}/recurringruns")) == 1
+
+
+def test_schedule_replace_moves_the_recurring_run_without_two_ever_enabled(
+    api: FakeKfpApi, package: str, tmp_path
+) -> None:
+    kfp_client.schedule(api.endpoint, package, "0 2 * * *", {}, job_name="nightly")
+    newer = tmp_path / "newer.yaml"  # a new commit's spec: another pipeline version
+    newer.write_text(SPEC.replace("sdkVersion: tfx-1.16.0", "sdkVersion: tfx-1.16.0\n# new"))
+    del api.requests[:]
+
+    job_id = kfp_client.schedule(
+        api.endpoint, str(newer), "0 3 * * *", {}, job_name="nightly", replace=True
+    )
+    assert job_id == "job-2"
+    changes = [p for p in api.paths() if p.startswith(("POST", "DELETE"))]
+    assert changes[-3:] == [
+        f"POST {API}/recurringruns/job-1:disable",  # the old one stops first ...
+        f"POST {API}/recurringruns",  # ... the new one starts ...
+        f"DELETE {API}/recurringruns/job-1",  # ... and the old one goes
+    ]
+    (job,) = api.recurring_runs
+    assert (job["recurring_run_id"], job["mode"], job["display_name"]) == ("job-2", "ENABLE",
+                                                                           "nightly")  # fmt: skip
+    assert job["trigger"] == {"cron_schedule": {"cron": "0 0 3 * * *"}}
+    version = job["pipeline_version_reference"]["pipeline_version_id"]
+    assert version.startswith("taxi-tips-") and version != "v0"  # the new upload, not the first
+
+
+def test_schedule_replace_that_fails_to_create_resumes_the_old_one(
+    api: FakeKfpApi, package: str
+) -> None:
+    kfp_client.schedule(api.endpoint, package, "0 2 * * *", {}, job_name="nightly")
+    api.refuse_recurring_run = True
+    with pytest.raises(KubeflowError, match="scheduling .* HTTP 500"):
+        kfp_client.schedule(api.endpoint, package, "0 3 * * *", {}, job_name="nightly",
+                            replace=True)  # fmt: skip
+    (job,) = api.recurring_runs
+    assert (job["recurring_run_id"], job["mode"]) == ("job-1", "ENABLE")
+    assert api.paths()[-2:] == [
+        f"POST {API}/recurringruns",
+        f"POST {API}/recurringruns/job-1:enable",
+    ]
+
+
+def test_a_token_goes_with_every_request_and_a_refusal_says_what_to_set(
+    api: FakeKfpApi, package: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.healthz_status = 401
+    with pytest.raises(KubeflowError, match="HTTP 401.*set KFP_TOKEN"):
+        kfp_client.submit(api.endpoint, package, {})
+    monkeypatch.setenv("KFP_TOKEN", "s3cr3t-token")
+    with pytest.raises(KubeflowError, match="KFP_TOKEN was sent but not accepted") as refused:
+        kfp_client.submit(api.endpoint, package, {})
+    assert "s3cr3t-token" not in str(refused.value)
+
+    api.healthz_status = 200
+    del api.authorization[:]
+    kfp_client.submit(api.endpoint, package, {})
+    assert len(api.authorization) > 4
+    assert set(api.authorization) == {"Bearer s3cr3t-token"}
+
+
+def test_pause_and_resume(api: FakeKfpApi) -> None:
+    api.recurring_runs.append({"recurring_run_id": "job-1", "display_name": "n", "mode": "ENABLE"})
+    kfp_client.pause(api.endpoint, "job-1")
+    assert api.recurring_run("job-1")["mode"] == "DISABLE"
+    kfp_client.resume(api.endpoint, "job-1")
+    assert api.recurring_run("job-1")["mode"] == "ENABLE"
+    # healthz twice per call: our check, then kfp.Client's own (single-user detection)
+    assert api.paths() == [
+        f"GET {API}/healthz",
+        f"GET {API}/healthz",
+        f"POST {API}/recurringruns/job-1:disable",
+        f"GET {API}/healthz",
+        f"GET {API}/healthz",
+        f"POST {API}/recurringruns/job-1:enable",
+    ]
+    with pytest.raises(KubeflowError, match="pausing recurring run nope: HTTP 404"):
+        kfp_client.pause(api.endpoint, "nope")
+
+
+def test_the_token_does_not_follow_a_redirect_to_a_login_page(
+    api: FakeKfpApi, package: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    login_page = FakeKfpApi()
+    try:
+        api.redirect_to = f"{login_page.endpoint}/dex/auth"
+        monkeypatch.setenv("KFP_TOKEN", "s3cr3t-token")
+        with pytest.raises(KubeflowError, match=r"redirected \(HTTP 302\).*https://HOST/pipeline"):
+            kfp_client.submit(api.endpoint, package, {})
+        assert login_page.requests == []  # neither the token nor anything else went there
+    finally:
+        login_page.close()
+
+
+def test_multi_user_kubeflow_needs_the_profile_namespace(
+    package: str, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
+    monkeypatch.setattr(kfp_client, "_POD_NAMESPACE", tmp_path / "not-in-a-pod")
+    api = FakeKfpApi(multi_user=True)
+    try:
+        with pytest.raises(KubeflowError, match="multi-user.*--namespace or KFP_NAMESPACE"):
+            kfp_client.submit(api.endpoint, package, {})
+        assert api.paths() == [f"GET {API}/healthz"]  # nothing uploaded
+
+        monkeypatch.setenv("KFP_NAMESPACE", "kubeflow-user-example-com")
+        assert kfp_client.submit(api.endpoint, package, {}) == "run-1"
+        (experiment,) = api.bodies("POST", f"{API}/experiments")
+        assert experiment["namespace"] == "kubeflow-user-example-com"
+    finally:
+        api.close()
+
+
+def test_schedule_replace_keeps_a_paused_schedule_paused_and_its_parameters(
+    api: FakeKfpApi, package: str
+) -> None:
+    kfp_client.schedule(api.endpoint, package, "0 2 * * *", {"min_auc": "0.8", "span": "-1"},
+                        job_name="nightly")  # fmt: skip
+    kfp_client.pause(api.endpoint, "job-1")
+    del api.requests[:]
+    kfp_client.schedule(api.endpoint, package, "0 3 * * *", {"span": "-1"}, job_name="nightly",
+                        replace=True)  # fmt: skip
+    (job,) = api.recurring_runs
+    assert (job["recurring_run_id"], job["mode"]) == ("job-2", "DISABLE")
+    assert job["runtime_config"]["parameters"] == {"min_auc": 0.8, "span": -1}
+    assert f"POST {API}/recurringruns/job-1:disable" not in api.paths()  # it was paused already
+
+
+def test_schedule_replace_drops_parameters_the_new_spec_no_longer_has(
+    api: FakeKfpApi, package: str, tmp_path
+) -> None:
+    api.recurring_runs.append({
+        "recurring_run_id": "job-0", "display_name": "nightly", "mode": "ENABLE",
+        "runtime_config": {"parameters": {"span": 3.0, "renamed_away": "x"}},
+    })  # fmt: skip
+    said: list[str] = []
+    kfp_client.schedule(api.endpoint, package, "0 2 * * *", {}, job_name="nightly",
+                        replace=True, say=said.append)  # fmt: skip
+    (job,) = api.recurring_runs
+    assert job["runtime_config"]["parameters"] == {"span": 3}  # 3.0 read back, an integer again
+    assert said == [f"Not kept from recurring run 'nightly': ['renamed_away'] (not parameters of "
+                    f"{package})"]  # fmt: skip

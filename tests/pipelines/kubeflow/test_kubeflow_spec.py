@@ -1,0 +1,405 @@
+"""The compiled Kubeflow spec: in sync, shaped for open-source KFP, and proven by running it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+from google.protobuf import json_format
+from kfp.kubernetes import kubernetes_executor_config_pb2
+
+from components.base import registry, storage, use_case
+from components.base.config import (
+    REPO_ROOT,
+    RULES,
+    RUN_PARAMETER_HELP,
+    RUN_PARAMETERS,
+    SECRET_KEYS,
+    PipelineConfig,
+    spec_path,
+)
+from components.base.registry import complete_versions as pushed_versions
+from components.base.registry import versions_dir as serving_model_dir
+from components.steps.evaluation import ROC_THRESHOLDS, VERDICT_FILE
+from pipelines import data
+from pipelines.kubeflow import kubeflow_runner
+from pipelines.serving import samples as serving
+from tests.stand_ins import kfp_harness
+
+
+@pytest.fixture(scope="module")
+def documents() -> tuple[dict, dict]:
+    return kubeflow_runner.load_documents()
+
+
+@pytest.mark.parametrize("name", use_case.shipped())
+def test_committed_spec_matches_the_pipeline_definition(name):
+    """One committed spec per shipped use case, each as `make compile` writes it."""
+    expected = kubeflow_runner.render(PipelineConfig.load({"use_case": name}, environ={}))
+    assert spec_path(name).read_text() == expected, "stale: run `make compile`"
+
+
+def test_each_spec_file_is_a_shipped_use_case():
+    """No spec left behind by a use case that was renamed or removed."""
+    committed = {path.name for path in (REPO_ROOT / "kubeflow").glob("pipeline-*.yaml")}
+    assert committed == {spec_path(name).name for name in use_case.shipped()}
+
+
+def test_spec_loads_strictly_and_has_nothing_open_source_kfp_rejects(documents):
+    spec, _ = documents
+    kfp_harness.load_strictly(spec)
+    kfp_harness.check_supported(spec, parameter_values={})  # every parameter has a default
+    assert not any("resolver" in e for e in spec["deploymentSpec"]["executors"].values())
+    defaults = {
+        n: p["defaultValue"] for n, p in spec["root"]["inputDefinitions"]["parameters"].items()
+    }
+    assert (
+        defaults["span"] == -1
+        and defaults["train_steps"] == PipelineConfig.load(environ={}).train_steps
+    )
+    tasks = spec["root"]["dag"]["tasks"]
+    for step in kubeflow_runner.UNCACHED_STEPS:
+        assert tasks[kubeflow_runner.task_name(step)]["cachingOptions"] == {"enableCache": False}
+    assert tasks["trainer"]["cachingOptions"] == {"enableCache": True}
+    assert json.loads(defaults["beam_args"]) == list(PipelineConfig.load(environ={}).beam_args)
+    for task in spec["root"]["dag"]["tasks"].values():
+        assert task["inputs"]["parameters"]["beam_args"] == {"componentInputParameter": "beam_args"}
+    for executor in spec["deploymentSpec"]["executors"].values():
+        assert not any(a.startswith("--direct_") for a in executor["container"]["args"])
+
+
+def test_trainer_requests_a_gpu_and_every_step_has_limits_and_pinned_images(documents):
+    spec, _ = documents
+    config = PipelineConfig.load(environ={})
+    for label, executor in spec["deploymentSpec"]["executors"].items():
+        container = executor["container"]
+        assert container["command"] == kubeflow_runner.ENTRYPOINT
+        assert {"cpuLimit", "memoryLimit"} <= set(container["resources"]), label
+        assert not container["image"].endswith(":latest")
+        if label == "Trainer_executor":
+            assert container["image"] == config.gpu_image
+            assert container["resources"]["accelerator"] == {
+                "type": "nvidia.com/gpu",
+                "count": str(config.gpu_count),
+            }
+        else:
+            assert container["image"] == config.cpu_image
+            assert "accelerator" not in container["resources"]
+
+
+def test_platform_section_secret_env_on_every_step_and_gpu_placement(documents):
+    spec, platform = documents
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(executors) == set(spec["deploymentSpec"]["executors"])
+    for config in executors.values():
+        known = {k: v for k, v in config.items() if k != "tolerations"}  # not in kfp-kubernetes 1.0
+        json_format.ParseDict(known, kubernetes_executor_config_pb2.KubernetesExecutorConfig())
+        (secret,) = config["secretAsEnv"]
+        assert secret["secretName"] == "tfx-pipeline-s3"
+        assert {e["envVar"] for e in secret["keyToEnv"]} == set(SECRET_KEYS)
+    trainer = executors["Trainer_executor"]
+    assert trainer["nodeSelector"] == {"labels": {"nvidia.com/gpu.present": "true"}}
+    assert trainer["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert "nodeSelector" not in executors["Transform_executor"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "complaint"),
+    [
+        (
+            lambda s: s["deploymentSpec"]["executors"]["Pusher_executor"].update(resolver={}),
+            "resolver",
+        ),
+        (lambda s: s["root"]["inputDefinitions"]["parameters"]["span"].pop("defaultValue"), "span"),
+        (
+            lambda s: s["deploymentSpec"]["executors"]["ExampleGen_executor"]["container"].update(
+                lifecycle={"preCacheCheck": {"command": ["python"]}}
+            ),
+            "preCacheCheck",
+        ),
+    ],
+)
+def test_harness_refuses_what_open_source_kfp_cannot_run(documents, mutate, complaint):
+    spec = copy.deepcopy(documents[0])
+    mutate(spec)
+    with pytest.raises(kfp_harness.UnsupportedByKubeflow, match=complaint):
+        kfp_harness.check_supported(spec, parameter_values={})
+
+
+def test_task_names_are_dns_labels_and_every_reference_follows_the_rename(documents):
+    spec, _ = documents
+    tasks = spec["root"]["dag"]["tasks"]
+    assert sorted(tasks) == sorted(kubeflow_runner.task_name(n) for n in spec["components"])
+    assert kubeflow_runner.task_name("LatestPushedModel") == "latest-pushed-model"
+    for name, task in tasks.items():
+        assert kfp_harness.DNS_1123_LABEL.match(name) and task["taskInfo"]["name"] == name
+        assert set(task.get("dependentTasks", [])) <= set(tasks)
+        for source in task.get("inputs", {}).get("artifacts", {}).values():
+            assert source["taskOutputArtifact"]["producerTask"] in tasks
+
+
+def test_task_names_that_collide_or_are_not_labels_stop_the_compile():
+    for clash in ({"FooBar": {}, "Foo_Bar": {}}, {"Evaluator.v2": {}}):
+        spec = {"root": {"dag": {"tasks": {n: {"taskInfo": {"name": n}} for n in clash}}}}
+        with pytest.raises(ValueError, match="taken twice or not a DNS-1123 label"):
+            kubeflow_runner._tasks_as_dns_labels(spec)
+
+
+def _throttled(check, seconds: float = 1.0):
+    """`check()` at most every `seconds` (the harness polls every 0.1 s)."""
+    last = [0.0]
+
+    def throttled() -> bool:
+        if time.monotonic() - last[0] < seconds:
+            return False
+        last[0] = time.monotonic()
+        return check()
+
+    return throttled
+
+
+def _backend(bucket: str, work_dir) -> kfp_harness.Backend:
+    """KFP 2.5 in namespace `kubeflow`: the compiled images' Dockerfiles, the credentials Secret."""
+    config = PipelineConfig.load(environ={})
+    return kfp_harness.Backend(
+        pipeline_root=f"s3://{bucket}/pipeline_root",
+        images={
+            config.cpu_image: REPO_ROOT / "kubeflow" / "Dockerfile",
+            config.gpu_image: REPO_ROOT / "kubeflow" / "Dockerfile.gpu",
+        },
+        secrets={config.credentials_secret: {k: os.environ[k] for k in SECRET_KEYS}},
+        work_dir=work_dir,
+    )
+
+
+def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_blessed_model(
+    documents, object_store, tmp_path
+):
+    bucket = object_store.new_bucket("kfp")
+    data_root, serving_root = f"s3://{bucket}/data", f"s3://{bucket}/serving"
+    data.write_span(data_root, 0, 3000)
+    # What a user would set in the run's form; everything else keeps its compiled default.
+    parameters = {
+        "data_root": data_root,
+        "serving_root": serving_root,
+        "train_steps": 300,
+        "epochs": 3,  # a backup per epoch: preempted after 1, killed after 2, done after 3
+        # Far below what this training reaches: AUC 0.895-0.904, accuracy 0.844-0.865 over 5
+        # runs of the same data and settings with the local runner (a resumed training clears
+        # the same bound as an uninterrupted one, tests/training/test_training.py), so only a broken
+        # step can fail the first run's gate.
+        "min_auc": 0.7,
+        "min_accuracy": 0.6,
+    }
+    backend = _backend(bucket, tmp_path)
+    # The Trainer's node is preempted once its first epoch is backed up: Argo does not retry a
+    # deleted pod, so the run fails. Its backup, keyed by content, stays on the pipeline root.
+    backups = f"s3://{bucket}/pipeline_root/taxi-tips/_checkpoints/*/chief/checkpoint"
+    left = {}
+
+    def first_backup() -> bool:
+        files = storage.list_files(backups)
+        if files:
+            left["index"] = storage.read_bytes(files[0])  # names the checkpoint (epoch 1)
+        return bool(files)
+
+    def next_backup() -> bool:
+        files = storage.list_files(backups)
+        return bool(files) and storage.read_bytes(files[0]) != left["index"]
+
+    backend.preempt["trainer"] = _throttled(first_backup)
+    with pytest.raises(kfp_harness.TaskFailed, match="task trainer failed: pod deleted"):
+        backend.run(*documents, parameters)
+    assert backend.retry_waits == [] and storage.list_files(backups)
+
+    # A new run on the same data (new artifacts, new URIs) resumes from that backup. Its pod is
+    # killed once the next epoch is backed up; the backend retries it (retryPolicy, as Argo's
+    # default OnFailure policy does) and the retry resumes there.
+    backend.interrupt["trainer"] = _throttled(next_backup)
+    first = backend.run(*documents, parameters)
+
+    assert {t.state for t in first.tasks.values()} == {"executed"}
+    assert backend.retry_waits == [("trainer", 30)]
+    # The harness's log of the task holds every attempt; the launcher uploads the last one's.
+    killed, retried = first.tasks["trainer"].log_path.read_text().split("--- attempt 2 ---")
+    assert "Killed: SIGKILL" in killed and "(resuming)" in killed
+    assert "(resuming)" in retried
+    assert first.outputs("trainer")["model_run"]["metadata"]["resumed"] == 1
+    assert not storage.list_files(backups)  # the finished training removed its backup
+    examples = first.outputs("example-gen")["examples"]
+    assert examples["metadata"]["span"] == 0 and examples["uri"].startswith(first.run_root)
+    assert storage.list_files(first.outputs("transform")["transform_graph"]["uri"] + "/**")
+    assert storage.read_bytes(first.outputs("trainer")["executor-logs"]["uri"])  # the step's log
+    versions = pushed_versions(serving_model_dir(serving_root, "taxi-tips"))
+    assert list(versions) == [1]
+    assert "Pushed: version 1" in _check_run_report(backend, first, pushed_version=1)
+    assert registry.served_version(serving_model_dir(serving_root, "taxi-tips"), "taxi-tips") == 1
+    rows = serving.read_rows(storage.list_files(data_root + "/span-0/*.csv")[0], 200)
+    probabilities = np.array(serving.predict(versions[1], rows))
+    assert ((probabilities >= 0) & (probabilities <= 1)).all()
+    labels = np.array([int(r["big_tipper"]) for r in rows])
+    # Measured on these rows: 0.51-0.54 apart over 5 runs; an untrained model's are about 0.
+    assert probabilities[labels == 1].mean() > probabilities[labels == 0].mean() + 0.2
+
+    # A scheduled run with no new span: select-spans finds the span's fingerprint in the
+    # registry, the driver evaluates every other task's triggerPolicy to false (the first of
+    # them is skipped, the rest omitted) and the run succeeds without training or pushing.
+    second = backend.run(*documents, parameters)
+    states = {name: t.state for name, t in second.tasks.items()}
+    assert states.pop("select-spans") == "executed"
+    # Tasks right after select-spans are skipped by their condition; the rest are omitted.
+    assert states["example-gen"] == states["curated-schema"] == "skipped"
+    assert set(states.values()) == {"skipped", "omitted"} and states["pusher"] == "omitted"
+    decision = second.outputs("select-spans")["decision"]["metadata"]
+    assert decision["train"] == 0 and "no new data since span 0" in decision["reason"]
+    assert list(pushed_versions(serving_model_dir(serving_root, "taxi-tips"))) == [1]
+
+    # The first run's artifacts are deleted (a lifecycle rule on the pipeline root), a new span
+    # lands, and the pipeline runs with a bar no model reaches (min_auc=0.99: an oracle that
+    # knew each row's logit, noise included, ranks this data at AUC 0.91). Nothing may be
+    # served from KFP's cache that points at the deleted files (every conditioned task reads
+    # this run's own decision artifact, so no cache key can repeat): every step runs, the
+    # Evaluator compares with the served version 1, refuses, and nothing is pushed.
+    assert backend.expire(first) > 0
+    data.write_span(data_root, 1, 3000)
+    third = backend.run(*documents, dict(parameters, min_auc=0.99))
+    assert {name: t.state for name, t in third.tasks.items()} == {
+        name: "executed" for name in first.tasks
+    }
+    assert third.outputs("example-gen")["examples"]["metadata"]["span"] == 1
+    baseline = third.outputs("latest-pushed-model")["baseline_model"]["metadata"]
+    assert baseline["baseline_version"] == 1
+    assert third.outputs("evaluator")["blessing"]["metadata"]["blessed"] == 0
+    assert third.outputs("pusher")["pushed_model"]["metadata"]["pushed"] == 0
+    page = _check_run_report(backend, third, pushed_version=0)
+    assert "Not pushed: not blessed" in page and "auc" in page
+    assert list(pushed_versions(serving_model_dir(serving_root, "taxi-tips"))) == [1]
+
+
+def _check_run_report(backend, run, pushed_version: int) -> str:
+    """The run-report task's outputs as KFP 2.5 records them: the MLMD types the UI draws, the
+    metrics equal to the Evaluator's, the ROC points and confusion matrix in the shapes the UI
+    reads (MetricsVisualizations.tsx: `confidenceMetrics.list`, `confusionMatrix.struct`); returns
+    the HTML page, read from the object at the report's URI as the UI's /artifacts/get does."""
+    outputs = run.outputs("run-report")
+    recorded = {key: backend.metadata.find(outputs[key]["uri"])
+                for key in ("metrics", "classification_metrics", "report")}  # fmt: skip
+    assert {key: a.type_name for key, a in recorded.items()} == {
+        "metrics": "system.Metrics",
+        "classification_metrics": "system.ClassificationMetrics",
+        "report": "system.HTML",
+    }
+    # The Evaluator's metrics as it recorded them in its blessing (TFMA's own files are read
+    # through TensorFlow's s3 client, which fails against this store: kubeflow/README.md).
+    blessing = run.outputs("evaluator")["blessing"]["uri"]
+    overall = json.loads(storage.read_bytes(f"{blessing}/{VERDICT_FILE}"))["metrics"]["overall"]
+    metrics = recorded["metrics"].custom_properties
+    # Nothing but metrics in the UI's table (besides the launcher's own two keys).
+    assert set(metrics) - {"display_name", "store_session_info"} <= {
+        "auc", "accuracy", "example_count", "baseline_auc", "auc_change", "blessed",
+        "pushed_version", "span",
+    }  # fmt: skip
+    assert metrics["auc"] == pytest.approx(overall["auc"])
+    assert metrics["accuracy"] == pytest.approx(overall["binary_accuracy"])
+    assert metrics["example_count"] == overall["example_count"]
+    assert metrics["pushed_version"] == pushed_version
+    curves = recorded["classification_metrics"].custom_properties
+    points = curves["confidenceMetrics"]["list"]
+    assert len(points) == ROC_THRESHOLDS + 2 and all(
+        isinstance(p[k], float) for p in points
+        for k in ("confidenceThreshold", "recall", "falsePositiveRate")
+    )  # fmt: skip
+    rows = [row["row"] for row in curves["confusionMatrix"]["struct"]["rows"]]
+    assert len(rows) == 2 and sum(map(sum, rows)) == overall["example_count"]
+    assert (rows[0][0] + rows[1][1]) / overall["example_count"] == pytest.approx(
+        overall["binary_accuracy"]
+    )
+    return storage.read_bytes(outputs["report"]["uri"]).decode()
+
+
+# What each text rule's "Allowed:" excludes, one example each.
+REFUSED = {"data_root": "http://host/data", "serving_root": "", "model_name": "..",
+           "beam_args": ("direct_num_workers=2",)}  # fmt: skip
+
+
+def test_every_run_parameter_says_what_it_does_its_range_and_default(documents):
+    """The spec's ParameterSpec.description (pipeline_spec.proto field 5, which the strict load
+    above accepts); each stated range is the one the config's rules enforce, and
+    kubeflow/README.md's table says the same."""
+    parameters = documents[0]["root"]["inputDefinitions"]["parameters"]
+    assert set(parameters) == set(RUN_PARAMETER_HELP)
+    for name, parameter in parameters.items():
+        default = parameter["defaultValue"]
+        shown = default if name == "beam_args" else json.dumps(default)
+        assert parameter["description"] == f"{RUN_PARAMETER_HELP[name]} Default: {shown}."
+        allowed = RUN_PARAMETER_HELP[name].rsplit("Allowed: ", 1)[1].rstrip(".")
+        kind, rule = RUN_PARAMETERS.get(name, str), RULES[name]
+        bounds = re.fullmatch(r"(-?[\d.]+) (to|or) (-?[\d.]+|more)", allowed)
+        if bounds is None:  # a text rule: its example of what it refuses is refused
+            assert rule(name, REFUSED[name]) is not None, name
+            continue
+        low, high = kind(bounds.group(1)), bounds.group(3)
+        step = 1 if kind is int else 0.01
+        assert rule(name, low) is None and rule(name, low - step) is not None, name
+        if high != "more":
+            assert rule(name, kind(high)) is None and rule(name, kind(high) + step), name
+    readme = (REPO_ROOT / "kubeflow" / "README.md").read_text()
+    table = readme.split("<!-- run-parameters:", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*) \|$", table, flags=re.M))
+    assert rows == RUN_PARAMETER_HELP
+
+
+def test_harness_evaluates_trigger_conditions_as_the_2_5_driver_does():
+    """CEL over the task's inputs with numbers as doubles; a missing key or a result that is not
+    a bool fails the task (v2/expression/expression.go)."""
+    executor_input = {
+        "inputs": {
+            "parameterValues": {"force": 1, "model_name": "taxi-tips"},
+            "artifacts": {"d": {"artifacts": [{"name": "7", "metadata": {"train": 1}}]}},
+        }
+    }
+    condition = "(inputs.artifacts['d'].artifacts[0].metadata['train'] == 1.0)"
+    assert kfp_harness.evaluate_condition(executor_input, condition) is True
+    assert kfp_harness.evaluate_condition(executor_input, "inputs.parameter_values['force'] > 0.5")
+    assert not kfp_harness.evaluate_condition(
+        executor_input, "inputs.parameter_values['model_name'] == 'other'"
+    )
+    with pytest.raises(kfp_harness.TaskFailed, match="no such key"):
+        kfp_harness.evaluate_condition(executor_input, condition.replace("train", "missing"))
+    with pytest.raises(kfp_harness.TaskFailed, match="not bool"):
+        kfp_harness.evaluate_condition(executor_input, "inputs.parameter_values['model_name']")
+
+
+def test_a_run_parameter_breaking_a_rule_stops_the_step_that_receives_it(
+    documents, object_store, tmp_path
+):
+    """A run from the UI or a schedule never passes through the CLI's checks: the step itself
+    refuses the value, naming it, before reading anything. (Cut down to the step involved.)"""
+    spec = copy.deepcopy(documents[0])
+    tasks = spec["root"]["dag"]["tasks"]
+    spec["root"]["dag"]["tasks"] = {"select-spans": tasks["select-spans"]}
+    bucket = object_store.new_bucket("kfp-rule")
+    data.write_span(f"s3://{bucket}/data", 0, 100)
+    backend = _backend(bucket, tmp_path)
+    with pytest.raises(kfp_harness.TaskFailed, match="invalid run parameter: span must be -1"):
+        backend.run(spec, documents[1], {"data_root": f"s3://{bucket}/data", "span": -2})
+
+
+def test_trainer_task_carries_the_retry_policy_argo_needs(documents):
+    spec, _ = documents
+    tasks = spec["root"]["dag"]["tasks"]
+    policy = tasks["trainer"]["retryPolicy"]
+    assert policy == {"maxRetryCount": PipelineConfig.load(environ={}).trainer_retries,
+                      "backoffDuration": "30s", "backoffFactor": 2}  # fmt: skip
+    assert "backoffMaxDuration" not in policy  # Argo would count it from the first attempt
+    assert [name for name, task in tasks.items() if "retryPolicy" in task] == ["trainer"]
+    assert kubeflow_runner.trainer_retry_policy(PipelineConfig(trainer_retries=5)) == {
+        **policy, "maxRetryCount": 5,
+    }  # fmt: skip
