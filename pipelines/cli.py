@@ -441,8 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("--span", type=int, default=-1,
                         help="the span to read (default: the newest complete one)")  # fmt: skip
     schema.add_argument("--write", action="store_true",
-                        help="write the proposal to schemas/<use case>/schema.pbtxt, to review "
-                        "and commit")  # fmt: skip
+                        help="write the proposal to the use case's schema file (its "
+                        "schema_path), to review and commit")  # fmt: skip
     compile_ = add(
         "compile", cmd_compile, "Compile the pipeline into a Kubeflow Pipelines v2 spec."
     )

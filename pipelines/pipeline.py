@@ -71,8 +71,7 @@ def trainer_config(config: PipelineConfig) -> dict:
 
 def tfjob_settings(config: PipelineConfig) -> dict:
     """What a TFJob replica's pod gets on Kubeflow (components/training/tfjob.py): what the
-    single-pod
-    Trainer gets (pipelines/kubeflow/kubeflow_runner.py)."""
+    single-pod Trainer gets (pipelines/kubeflow/kubeflow_runner.py)."""
     return {
         "image": config.gpu_image,
         "cpu": config.trainer_cpu,
@@ -122,6 +121,8 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             schema=schema.outputs["schema"],
             serving_root=param["serving_root"],
             model_name=param["model_name"],
+            use_case=config.use_case,
+            schema_file=schema_path(use_case),
         ).with_id("ExampleValidator")
         transform = tfx.components.Transform(
             examples=example_gen.outputs["examples"],

@@ -99,9 +99,9 @@ class PipelineConfig:
     hyperparameters: str = "{}"
     mixed_precision: str = "auto"  # auto: on when a GPU is present
     # How training is distributed (components/training/distribution.py): auto, one_device, mirrored
-    # or
-    # multi_worker; `num_workers` > 1 trains on that many machines (local: processes on loopback;
-    # Kubeflow: a TFJob). batch_size is per replica; the learning rate grows with sqrt(replicas).
+    # or multi_worker; `num_workers` > 1 trains on that many machines (local: processes on
+    # loopback; Kubeflow: a TFJob). batch_size is per replica; the learning rate grows with
+    # sqrt(replicas).
     strategy: str = "auto"
     num_workers: int = 1
     # Guards: training stops cleanly after `max_train_minutes` (and exports the best model so
@@ -431,7 +431,7 @@ def _json_object(name: str, value: str) -> str | None:
     try:
         parsed = json.loads(value)
     except ValueError as e:
-        return f'{name} must be a JSON object such as {{"hidden_units": [64, 32]}} ({e})'
+        return f'{name} must be a JSON object such as {{"name": value, ...}} ({e})'
     return None if isinstance(parsed, dict) else f"{name} must be a JSON object, got {value!r}"
 
 

@@ -35,7 +35,7 @@ from components.steps.baseline import (
     QUALITY_KEY,
 )
 
-# The probability above which a client calls a trip a big tipper: BinaryAccuracy's threshold.
+# The probability above which a client calls a row positive: BinaryAccuracy's threshold.
 SERVING_THRESHOLD = 0.5
 # ConfusionMatrixPlot's thresholds are -1e-6, 0, 1/n, ..., 1 (confusion_matrix_plot.py): n + 2
 # points of the ROC curve.
@@ -143,7 +143,10 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
         metrics, failures = read_metrics(evaluation.uri)
         change = auc_change(evaluation.uri)
         quality, refusal = 0.0, None
-        if baselines and change is None:
+        undefined = metrics.get("overall", {}).get(AUC_UNDEFINED_KEY)
+        if undefined:  # TFMA's number there (0 or 1) must not decide a release
+            refusal = f"AUC {undefined}: the model cannot be judged on this eval data"
+        elif baselines and change is None:
             refusal = "TFMA computed no AUC change against the baseline: not comparable"
         elif baselines:
             quality, refusal = quality_gate(
@@ -224,7 +227,8 @@ def read_metrics(uri: str) -> tuple[dict[str, dict[str, float | str | None]], li
         for metric, value in values.get("", {}).get("", {}).items():
             if "doubleValue" in value:
                 flat[metric] = value["doubleValue"]
-            reason = reason or one_class_reason(value)
+            if not metric.endswith("_diff"):  # with a baseline: the difference to it, no counts
+                reason = reason or one_class_reason(value)
         if reason and "auc" in flat:
             flat["auc"] = None
             flat.pop("auc_diff", None)

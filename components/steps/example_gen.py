@@ -4,9 +4,8 @@ Stock CsvExampleGen resolves `{SPAN}` in a driver, which open-source Kubeflow Pi
 (it has no `preCacheCheck` hook), and reads through TensorFlow's `s3://` client, which is broken
 against SeaweedFS (README.md, "Object storage notes"). Here the spans come resolved from the
 SelectSpans step (components/steps/span_selection.py), so every runner reads the same files, and
-Beam's
-boto3-based IO does all the reading. With a window of several spans, the newest span is split
-into train and eval by hash as usual and the older spans all go to train: the model trains on
+Beam's boto3-based IO does all the reading. With a window of several spans, the newest span is
+split into train and eval by hash as usual and the older spans all go to train: the model trains on
 the window and is evaluated on the newest span only.
 """
 

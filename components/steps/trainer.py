@@ -5,9 +5,8 @@ inside TrainArgs or custom_config are frozen at compile time. This executor fold
 parameters (train_steps, epochs, max_train_minutes) back into those before the stock (generic)
 Trainer executor runs. It also:
 - names the training's backup folder by content (components/training/checkpoints.py), from the
-  selected
-  spans' fingerprint (the `selection` input), the curated schema and the training parameters,
-  and removes backups abandoned longer than `checkpoint_max_age_hours`;
+  selected spans' fingerprint (the `selection` input), the curated schema and the training
+  parameters, and removes backups abandoned longer than `checkpoint_max_age_hours`;
 - with `num_workers` > 1 runs the training as that many workers: processes on this machine
   (components/training/local_workers.py), or a TFJob when the step runs on Kubeflow
   (components/training/tfjob.py);

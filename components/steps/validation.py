@@ -148,10 +148,11 @@ class Executor(validator_executor.Executor):
             statistics = artifact_utils.get_single_instance(input_dict[specs.STATISTICS_KEY])
             span = statistics.span if statistics.has_property("span") else "N"
             raise DataValidationError(
-                "the data do not match the curated schema (schemas/<use case>/schema.pbtxt); fix "
-                "the input span or, if the change is intended, update the schema: `tkp schema "
-                f"propose --span {span}` shows what the data need, field by "
-                "field, and `--write` writes it for you to review:\n" + "\n".join(problems)
+                f"the data do not match the curated schema ({exec_properties['schema_file']}); "
+                "fix the input span or, if the change is intended, update the schema: `tkp "
+                f"schema propose --span {span} --set use_case={exec_properties['use_case']}` "
+                "shows what the data need, field by field, and `--write` writes it for you to "
+                "review:\n" + "\n".join(problems)
             )
         self._check_drift(input_dict, output_dict, exec_properties)
 
@@ -225,7 +226,7 @@ class Executor(validator_executor.Executor):
             raise DataValidationError(
                 f"span {span} drifted from span {previous}, the newest earlier span that passed "
                 f"validation (statistics of the eval split; thresholds: drift_comparator in "
-                f"schemas/<use case>/schema.pbtxt):\n" + "\n".join(problems) + "\n"
+                f"{exec_properties['schema_file']}):\n" + "\n".join(problems) + "\n"
                 f"Span {span} is not recorded as passed: the next span is compared with span "
                 f"{previous} again. If the data are broken, fix or replace span {span}. If the "
                 "change is expected: raise that feature's threshold in the curated schema "
@@ -247,6 +248,9 @@ class StrictExampleValidatorSpec(types.ComponentSpec):
         **specs.ExampleValidatorSpec.PARAMETERS,
         "serving_root": component_spec.ExecutionParameter(type=str),
         "model_name": component_spec.ExecutionParameter(type=str),
+        # The use case and its schema file, for the error's next step (`tkp schema propose`).
+        "use_case": component_spec.ExecutionParameter(type=str),
+        "schema_file": component_spec.ExecutionParameter(type=str),
     }
     INPUTS = specs.ExampleValidatorSpec.INPUTS
     OUTPUTS = specs.ExampleValidatorSpec.OUTPUTS
@@ -265,11 +269,15 @@ class StrictExampleValidator(base_component.BaseComponent):
         schema: types.BaseChannel,
         serving_root: str | Any,
         model_name: str | Any,
+        use_case: str,
+        schema_file: str,
     ):
         super().__init__(
             spec=StrictExampleValidatorSpec(
                 statistics=statistics,
                 schema=schema,
+                use_case=use_case,
+                schema_file=schema_file,
                 serving_root=serving_root,
                 model_name=model_name,
                 exclude_splits=json_utils.dumps([]),

@@ -32,7 +32,6 @@ CHECKPOINTS_FOLDER = "_checkpoints"
 INDEX_FILE = "checkpoint"  # tf.train.CheckpointManager's index: names the newest checkpoint
 _STATE_FOLDER = "chief"  # where BackupAndRestore's reader looks (worker_training_state.py)
 _FINAL_FOLDER, _FINAL_SUMMARY = "final", "summary.json"  # a finished training, not yet exported
-# The modules whose code defines a training: a change to any of them trains afresh.
 
 _log = logging.getLogger(__name__)
 

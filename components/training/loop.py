@@ -117,9 +117,8 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     """Trains on `fn_args.train_files` and exports to `fn_args.serving_model_dir`.
 
     Resumes from the training's backup when there is one (components/training/checkpoints.py),
-    stops on
-    the time budget or early (components/training/guards.py), and writes TRAINING_SUMMARY into the
-    model_run folder for the run summary."""
+    stops on the time budget or early (components/training/guards.py), and writes
+    TRAINING_SUMMARY into the model_run folder for the run summary."""
     started = time.monotonic()
     config = fn_args.custom_config or {}
     missing = [key for key in REQUIRED_SETTINGS if key not in config]

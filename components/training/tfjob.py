@@ -2,22 +2,20 @@
 
 The step's pod (a light CPU pod) creates a TFJob (Kubeflow Training Operator v1.8,
 `kubeflow.org/v1`) whose Chief and Workers run `components.training.tfjob_replica` in the Trainer's
-image,
-with its GPU resources, node selector and tolerations. The operator gives each replica its
+image, with its GPU resources, node selector and tolerations. The operator gives each replica its
 TF_CONFIG (pkg/controller.v1/tensorflow/tensorflow.go genTFConfigJSONStr), so the same run_fn
-trains under MultiWorkerMirroredStrategy. The replicas cannot see the step's local artifact
-copies: they read the inputs from the object store and the chief uploads the model and
-model_run to a staging folder there (boto3 through components.base.storage, never TensorFlow's
-`s3://`); the step then copies them into its output artifacts' local paths, which the launcher
-uploads as it does for any step.
+trains under MultiWorkerMirroredStrategy. The replicas cannot see the step's local artifact copies:
+they read the inputs from the object store and the chief uploads the model and model_run to a
+staging folder there (boto3 through components.base.storage, never TensorFlow's `s3://`); the step
+then copies them into its output artifacts' local paths, which the launcher uploads as it does for
+any step.
 
 Failure: replicas run with restartPolicy Never, so the first failed replica fails the TFJob
 (tfjob_controller.go UpdateJobStatus: "has failed because N Worker replica(s) failed") and the
 step fails with that replica's exit reason and last log lines. The Trainer task's retryPolicy
 then runs the step again, and its new TFJob resumes from the training's backup
 (components/training/checkpoints.py). A TFJob is not left behind: the step deletes it on every exit
-it
-sees (SIGTERM included); a step killed outright cannot, so each attempt first deletes the TFJobs
+it sees (SIGTERM included); a step killed outright cannot, so each attempt first deletes the TFJobs
 of the step's earlier attempts (STEP_LABEL), and the owner reference to the step's pod has
 Kubernetes delete it once that pod is deleted (a preempted node, the run deleted).
 """

@@ -4,11 +4,10 @@ to the entry point's `<executor> starts: imports done` line, and peak RSS at tha
 Each step runs its compiled command line from the spec (`python -m
 pipelines.kubeflow.kfp_entrypoint` and
 the spec's arguments) in the image's environment, as tests/stand_ins/kfp_launcher.py plays a pod:
-`{{$}}`
-becomes an ExecutorInput with the task's parameters as the driver resolves them, inputs and
+`{{$}}` becomes an ExecutorInput with the task's parameters as the driver resolves them, inputs and
 outputs under a throwaway pod root (KFP_LOCAL_ARTIFACT_ROOT), each input an empty folder. That
-passes the entry point's checks without any data or object store, and the process is killed as
-soon as the line appears, before the executor would read anything.
+passes the entry point's checks without any data or object store, and the process is killed as soon
+as the line appears, before the executor would read anything.
 
 Usage: python -m pipelines.bench.bench_startup [SPEC] [--repeats N] [--steps a,b]
 """
@@ -38,8 +37,7 @@ from pipelines.kubeflow.kfp_entrypoint import EXECUTOR_STARTS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Both images' Python layers are the same text (tests/pipelines/kubeflow/test_kubeflow_spec.py
-# compares them), so
-# the CPU image's ENV is every step's.
+# compares them), so the CPU image's ENV is every step's.
 DOCKERFILE = REPO_ROOT / "kubeflow" / "Dockerfile"
 IMAGE_VENV = "/opt/venv"
 BARE = "bare_import_tensorflow"

@@ -2,10 +2,11 @@
 
 The stock DAG is wired as TFX's taxi template wires it (tfx/experimental/templates/taxi/pipeline/
 pipeline.py): CsvExampleGen (a local CSV folder, split train:eval 4:1 by hash as ours) ->
-StatisticsGen -> ImportSchemaGen (schemas/taxi/schema.pbtxt) -> ExampleValidator -> Transform (our
-preprocessing_fn) -> Trainer (our run_fn, same train/eval args and custom_config) -> Resolver
-(LatestBlessedModelStrategy) -> Evaluator (our EvalConfig, components/steps/evaluation.py) -> Pusher
-(filesystem, `<serving_dir>/<timestamp>/`). No cache, so every step runs.
+StatisticsGen -> ImportSchemaGen (the use case's curated schema) -> ExampleValidator -> Transform
+(the use case's preprocessing_fn) -> Trainer (our run_fn, same train/eval args and custom_config)
+-> Resolver (LatestBlessedModelStrategy) -> Evaluator (our EvalConfig,
+components/steps/evaluation.py) -> Pusher (filesystem, `<serving_dir>/<timestamp>/`). No cache, so
+every step runs.
 
 What remains different from ours: no SelectSpans (ours picks complete spans in object storage,
 fingerprints them and skips the run when nothing is new) and stock CsvExampleGen reads one local
@@ -33,11 +34,11 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Transform and TFMA need tf_
 
 from tfx import v1 as tfx  # noqa: E402
 
-from components.base.config import REPO_ROOT, PipelineConfig  # noqa: E402
+from components.base.config import PipelineConfig  # noqa: E402
+from components.base.use_case import load as load_use_case  # noqa: E402
 from components.steps.evaluation import eval_config  # noqa: E402
-from pipelines.pipeline import PREPROCESSING_FN, RUN_FN, trainer_config  # noqa: E402
+from pipelines.pipeline import RUN_FN, trainer_config  # noqa: E402
 
-SCHEMA_FILE = REPO_ROOT / "schemas" / "schema.pbtxt"  # what CuratedSchema copies
 # Read only by our TunableTrainer's executor (the backup's place and age), never by run_fn.
 _EXECUTOR_ONLY_KEYS = ("checkpoint_root", "checkpoint_max_age_hours", "tfjob")
 
@@ -61,6 +62,7 @@ def create_stock_pipeline(
     """Our DAG from stock TFX components only; `csv_dir` holds CSV files and nothing else."""
     if config.num_workers > 1:
         raise ValueError("the stock Trainer trains in one process: use num_workers=1")
+    use_case = load_use_case(config.use_case)
     # Ours: components/steps/example_gen.py SpanCsvExampleGen's split (train 4 : eval 1 hash
     # buckets).
     output_config = tfx.proto.Output(
@@ -73,7 +75,7 @@ def create_stock_pipeline(
     )
     example_gen = tfx.components.CsvExampleGen(input_base=csv_dir, output_config=output_config)
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    schema_gen = tfx.components.ImportSchemaGen(schema_file=str(SCHEMA_FILE))
+    schema_gen = tfx.components.ImportSchemaGen(schema_file=str(use_case.schema_path))
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
     )
@@ -82,7 +84,7 @@ def create_stock_pipeline(
     transform = tfx.components.Transform(
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
-        preprocessing_fn=PREPROCESSING_FN,
+        preprocessing_fn=use_case.preprocessing_fn,
     )
     trainer = tfx.components.Trainer(
         run_fn=RUN_FN,
@@ -103,7 +105,13 @@ def create_stock_pipeline(
         examples=example_gen.outputs["examples"],
         model=trainer.outputs["model"],
         baseline_model=model_resolver.outputs["model"],
-        eval_config=eval_config(config.min_auc, config.min_accuracy, config.max_auc_drop),
+        eval_config=eval_config(
+            config.min_auc,
+            config.min_accuracy,
+            config.max_auc_drop,
+            use_case.label_key,
+            use_case.slice_keys,
+        ),  # fmt: skip
     )
     pusher = tfx.components.Pusher(
         model=trainer.outputs["model"],
@@ -183,8 +191,7 @@ def _pushed_destination(metadata_path: str, since_ms: int) -> str | bool:
 
 def main(argv: list[str]) -> int:
     """`python -m pipelines.bench.bench_stock CSV_DIR WORK_DIR RESULT_JSON [field=value ...]`: one
-    stock
-    run in a process of its own (tkp bench), the libraries' output in WORK_DIR's log."""
+    stock run in a process of its own (tkp bench), the libraries' output in WORK_DIR's log."""
     from components.base import console
     from components.base.config import parse_assignments
 

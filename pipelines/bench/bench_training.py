@@ -3,10 +3,9 @@
 Trains the default model on the newest Transform output of the local pipeline (`tkp run`
 first) in two ways, alternately, in one process: fed from the gzip TFRecords through the
 Trainer's own tf.data pipeline (components/training/loop.py `_dataset`), and fed from the same
-batches
-already decoded in memory. The ratio of the two throughputs (examples/second) says how much
-the input costs: 1.0 means the model alone bounds the speed. Each figure is the median of
-`repeats` passes after a warm-up pass (tracing and the cache fill are not timed).
+batches already decoded in memory. The ratio of the two throughputs (examples/second) says how much
+the input costs: 1.0 means the model alone bounds the speed. Each figure is the median of `repeats`
+passes after a warm-up pass (tracing and the cache fill are not timed).
 
 A pass is one `fit` of `WARM_UP_STEPS + steps` steps, timed from its batch WARM_UP_STEPS to its
 end: the steady state a long training runs in. What a pass pays before that (a new iterator:

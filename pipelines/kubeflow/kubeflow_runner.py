@@ -10,11 +10,10 @@ reason the backend's code gives (kubeflow/README.md lists them):
   a task with a retry policy after the task, without lower-casing it;
 - the Trainer task gets a retry policy (`trainer_retries`), see trainer_retry_policy;
 - every step runs `pipelines.kubeflow.kfp_entrypoint` (TFX's entry point on the launcher's local
-  copies
-  of the artifacts, see there), in the CPU image with CPU and memory limits; the Trainer runs in
-  the GPU image and requests `nvidia.com/gpu`, except with num_workers > 1: then its step is a
-  light CPU pod that trains as a TFJob (components/training/tfjob.py) whose replicas get all of
-  that;
+  copies of the artifacts, see there), in the CPU image with CPU and memory limits; the Trainer
+  runs in the GPU image and requests `nvidia.com/gpu`, except with num_workers > 1: then its step
+  is a light CPU pod that trains as a TFJob (components/training/tfjob.py) whose replicas get all
+  of that;
 - a second YAML document, the Kubernetes platform spec, gives every step the object-store
   credentials from a Secret and the Trainer a GPU node selector and toleration.
 """
@@ -122,8 +121,7 @@ def trainer_retry_policy(config: PipelineConfig) -> dict:
     it is left unset: a long training must not lose its retries to its own length. Argo's
     default policy retries a failed pod (non-zero exit, OOM kill); each retry resumes from the
     training's backup (components/training/checkpoints.py). A pod deleted by a node preemption is
-    not
-    retried: the next run of the pipeline resumes instead."""
+    not retried: the next run of the pipeline resumes instead."""
     return {"maxRetryCount": config.trainer_retries, "backoffDuration": "30s", "backoffFactor": 2}
 
 

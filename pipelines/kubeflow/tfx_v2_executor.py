@@ -3,9 +3,8 @@
 A copy, step for step, of tfx/orchestration/kubeflow/v2/container/kubeflow_v2_run_executor.py
 (`_parse_flags`, `_run_executor`) and the parts of kubeflow_v2_entrypoint_utils.py they use, TFX
 1.16 as the lock pins it; tests/pipelines/bench/test_bench_startup.py runs both on the same
-ExecutorInput and
-requires the same inputs, properties and output files. Why a copy is below. Used by
-pipelines/kubeflow/kfp_entrypoint.py.
+ExecutorInput and requires the same inputs, properties and output files. Why a copy is below. Used
+by pipelines/kubeflow/kfp_entrypoint.py.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ EXECUTOR_FLAG = "--executor_class_path"
 # the Evaluator's executor, standard_component_specs (TFMA and TFDV again) and the whole KFP SDK,
 # whatever the step runs; the steps with executors of their own (schema, span selection,
 # baseline) need none of it, yet paid for it at every start (pipelines/bench/bench_startup.py).
-# Here a
-# step loads its executor, its artifact types and TFX's light artifact and IO modules; TFX's
+# Here a step loads its executor, its artifact types and TFX's light artifact and IO modules; TFX's
 # Beam and Evaluator branches are taken by looking for their classes among the modules the
 # executor's imports loaded, since an executor can only derive from a class that is loaded.
 _BEAM_EXECUTOR_MODULE = "tfx.dsl.components.base.base_beam_executor"

@@ -9,9 +9,8 @@ Why stage instead of `tensorboard --logdir s3://...`: TensorBoard reads `s3://` 
 TensorFlow's own client (the tensorflow-io plugin), whose reads are broken against SeaweedFS (it
 hangs at the end of a file, returns large files wrong, and aborts the process at exit; README.md,
 "Object storage notes"). So the logs are copied with `components.base.storage` (boto3 and Beam,
-which
-read the AWS_* environment) into `.work/tensorboard/<name>/`, and TensorBoard only ever reads local
-files. The copy is a snapshot: run the command again to pick up a training still in progress.
+which read the AWS_* environment) into `.work/tensorboard/<name>/`, and TensorBoard only ever reads
+local files. The copy is a snapshot: run the command again to pick up a training still in progress.
 
 """
 

@@ -4,19 +4,17 @@ The TF Serving binary cannot be installed everywhere this project runs, so this 
 its REST contract (paths and dispatch as `model_servers/http_rest_api_handler.cc` and
 `http_rest_api_util.cc` at 2.16.1; JSON in pipelines/serving/tfs_json.py; execution in
 pipelines/serving/servable.py) on FastAPI and uvicorn. Why not KServe's Python server: kserve
-0.13.1,
-the last release that resolves with this stack, imports Ray at start-up and pins it
-(`ray[serve]==2.10`), which would add Ray to every image and move google-cloud-aiplatform back
-50 releases; and its v1 protocol lacks TF Serving's versions, metadata, :classify and :regress,
-which would have to be written here anyway. FastAPI and uvicorn are what KServe's server is
-built on, and they install with the current lock unchanged.
+0.13.1, the last release that resolves with this stack, imports Ray at start-up and pins it
+(`ray[serve]==2.10`), which would add Ray to every image and move google-cloud-aiplatform back 50
+releases; and its v1 protocol lacks TF Serving's versions, metadata, :classify and :regress, which
+would have to be written here anyway. FastAPI and uvicorn are what KServe's server is built on, and
+they install with the current lock unchanged.
 
 Like TF Serving with `--model_config_file_poll_wait_seconds`, a poller follows the model
 config file: it mirrors the store (pipelines/serving/serving_sync.py, as the Kubernetes sidecar
-does),
-loads the pinned version and replays its warm-up requests while the current version keeps
-answering, then switches. A version that fails to load (or to warm up) is reported in the
-model status and not retried while it stays pinned; the current one keeps serving.
+does), loads the pinned version and replays its warm-up requests while the current version keeps
+answering, then switches. A version that fails to load (or to warm up) is reported in the model
+status and not retried while it stays pinned; the current one keeps serving.
 """
 
 from __future__ import annotations

@@ -4,12 +4,11 @@
 TensorFlow's own `s3://` client returns wrong data or hangs on SeaweedFS for large files and
 vocabulary tables (see README.md, section 'Object storage notes'). Nothing here reads `s3://`
 through TensorFlow: the Kubeflow launcher (played by tests/stand_ins/kfp_launcher.py) copies
-artifacts to
-local disk, and the project's own IO goes through Beam and boto3. The first test pins that path
-with the two cases that broke: a TFRecord file over 10 MB and a vocabulary table read to its last
-line. The others pin copy_tree (the pusher's and the baseline's copy of a model): a file over the
-multipart threshold goes up in parts without being held in memory, saved_model.pb goes up last,
-and an empty file is copied too.
+artifacts to local disk, and the project's own IO goes through Beam and boto3. The first test pins
+that path with the two cases that broke: a TFRecord file over 10 MB and a vocabulary table read to
+its last line. The others pin copy_tree (the pusher's and the baseline's copy of a model): a file
+over the multipart threshold goes up in parts without being held in memory, saved_model.pb goes up
+last, and an empty file is copied too.
 """
 
 from __future__ import annotations

@@ -225,7 +225,8 @@ def test_a_use_case_of_ones_own_runs_end_to_end_is_served_and_its_schema_follows
         refused = cli_process.run(work, "run", *settings, **env)
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert "the data do not match the curated schema" in refused.stderr
-        assert "`tkp schema propose --span 1`" in refused.stderr
+        assert "`tkp schema propose --span 1 --set use_case=mycompany.churn`" in refused.stderr
+        assert "schema.pbtxt" in refused.stderr  # the file to change, in the use case's folder
         for column in ("plan", "monthly_charge"):
             assert f"column '{column}'" in refused.stderr
         assert "column 'tenure_months'" not in refused.stderr  # optional: missing values pass

@@ -1,10 +1,9 @@
 """One task's pod as the KFP 2.5 backend makes it, and the launcher that runs inside it.
 
 Part of the launcher-contract harness (`tests/stand_ins/kfp_harness.py`). Every rule names the file
-of
-kubeflow/pipelines at tag 2.5.0 (backend/src/v2/...) that it follows. The pod's "/" is a fresh
-folder per task (`Pod.root`), told to the container through KFP_LOCAL_ARTIFACT_ROOT: the one
-thing that differs from a real pod, where the launcher's paths are literally /s3, /gcs, /minio.
+of kubeflow/pipelines at tag 2.5.0 (backend/src/v2/...) that it follows. The pod's "/" is a fresh
+folder per task (`Pod.root`), told to the container through KFP_LOCAL_ARTIFACT_ROOT: the one thing
+that differs from a real pod, where the launcher's paths are literally /s3, /gcs, /minio.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What the KFP 2.5 backend keeps between tasks and between runs: ML Metadata and the cache table.
 
 Part of the launcher-contract harness (`tests/stand_ins/kfp_harness.py`). Every rule names the file
-of
-kubeflow/pipelines at tag 2.5.0 (backend/src/v2/...) that it follows.
+of kubeflow/pipelines at tag 2.5.0 (backend/src/v2/...) that it follows.
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ would give it. What it plays, each rule from the source it follows:
 
 - admission: the TFJob must be valid against the CRD's own OpenAPI schema (training-operator
   v1.8.1 manifests/base/crds/kubeflow.org_tfjobs.yaml, shipped in tests/stand_ins/crds/) with
-  unknown
-  fields rejected (the API server's strict field validation), and pass the operator's webhook
-  (pkg/webhooks/tensorflow/tfjob_webhook.go validateTFJob: DNS-1035 name, an image and a
+  unknown fields rejected (the API server's strict field validation), and pass the operator's
+  webhook (pkg/webhooks/tensorflow/tfjob_webhook.go validateTFJob: DNS-1035 name, an image and a
   container named "tensorflow" in every replica, at most one Chief);
 - pods: one per replica, named `<job>-<type>-<index>` with the operator's labels
   (pkg/core/utils.go GenGeneralName, common_types.go *Label); env from `value` or a Secret's

@@ -20,9 +20,9 @@ from pipelines.run_summary import RunSummary, format_summary
 ONE_LABEL = "n/a: every example of this slice has label 0 (AUC needs both labels)"
 
 
-def _evaluate(tmp_path, fn_args, rows: list[bytes]) -> dict:
+def _evaluate(tmp_path, fn_args, rows: list[bytes]):
     """The ThresholdEvaluator's executor as the pipeline runs it (first model: no baseline);
-    returns its verdict.json."""
+    returns its verdict.json and the blessing."""
     model = standard_artifacts.Model()
     model.uri = str(tmp_path / "model")
     shutil.copytree(fn_args.serving_model_dir, path_utils.serving_model_dir(model.uri))
@@ -47,7 +47,7 @@ def _evaluate(tmp_path, fn_args, rows: list[bytes]) -> dict:
         {"min_auc": 0.0, "min_accuracy": 0.0, "max_auc_drop": 1.0,
          "label_key": USE_CASE.label_key, "slice_keys": json.dumps(list(USE_CASE.slice_keys))},
     )  # fmt: skip
-    return json.loads(storage.read_bytes(f"{blessing.uri}/{VERDICT_FILE}"))
+    return json.loads(storage.read_bytes(f"{blessing.uri}/{VERDICT_FILE}")), blessing
 
 
 def test_a_slice_of_one_label_has_no_auc_and_every_reader_says_why(trained, tmp_path, to_examples):
@@ -58,7 +58,7 @@ def test_a_slice_of_one_label_has_no_auc_and_every_reader_says_why(trained, tmp_
     frame.loc[cash, "big_tipper"] = 0  # no cash payer tips: one label in that slice
     assert frame.loc[~cash, "big_tipper"].nunique() == 2
 
-    verdict = _evaluate(tmp_path, fn_args, to_examples(frame))
+    verdict, _ = _evaluate(tmp_path, fn_args, to_examples(frame))
 
     metrics = verdict["metrics"]  # also what the Pusher records in the registry
     assert metrics["payment_type=Cash"]["example_count"] == cash.sum()
@@ -96,3 +96,16 @@ def test_kubeflow_metrics_carry_the_reason_when_the_overall_auc_is_undefined():
     assert not metrics.has_custom_property("auc")
     assert metrics.get_string_custom_property(AUC_UNDEFINED_KEY) == ONE_LABEL
     assert metrics.get_float_custom_property("example_count") == 40.0
+
+
+def test_eval_data_of_one_label_blesses_no_model(trained, tmp_path, to_examples):
+    """With one label in the whole eval split, TFMA still reports an AUC (0 or 1) and would
+    bless on it with bars of 0: the Evaluator refuses instead, and says why."""
+    fn_args, eval_frame = trained
+    frame = eval_frame.assign(big_tipper=0)
+
+    verdict, blessing = _evaluate(tmp_path, fn_args, to_examples(frame))
+
+    assert blessing.get_int_custom_property("blessed") == 0
+    assert verdict["metrics"]["overall"]["auc"] is None
+    assert f"AUC {ONE_LABEL}: the model cannot be judged on this eval data" in verdict["failures"]

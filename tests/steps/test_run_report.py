@@ -75,8 +75,8 @@ def check_against_the_evaluation(view: dict, summary) -> None:
 
 # Which of the loop's runs push and which are refused does not hang on training noise: the
 # loop's bars sit far from what its models measured (tests/pipelines/retraining_loop.py,
-# loop_config),
-# and tests/pipelines/test_pipeline_e2e.py checks each verdict against the metrics it recorded.
+# loop_config), and tests/pipelines/test_pipeline_e2e.py checks each verdict against the metrics it
+# recorded.
 
 
 def test_a_pushed_run_reports_what_the_evaluation_found(loop):

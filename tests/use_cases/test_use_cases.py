@@ -3,7 +3,8 @@ use case copied from taxi joins these tests without a line of its own.
 
 Its USE_CASE is complete and consistent with its curated schema; its generator writes spans
 that the schema accepts (TFDV, as the ExampleValidator checks) and that carry both labels; its
-preprocessing and model build on them; its config defaults are valid config values.
+three functions import; its config defaults and hyperparameters are valid config values. Its
+preprocessing and model are exercised end to end by its own tests (tests/use_cases/<name>/).
 """
 
 import json

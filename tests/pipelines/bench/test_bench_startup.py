@@ -1,6 +1,5 @@
 """Start-up bench of the Kubeflow steps (pipelines/bench/bench_startup.py), and the entry point's
-copy
-of TFX's executor entry point that the start-up cut needed
+copy of TFX's executor entry point that the start-up cut needed
 (pipelines/kubeflow/kfp_entrypoint.py)."""
 
 import copy

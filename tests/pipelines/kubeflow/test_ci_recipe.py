@@ -5,8 +5,7 @@ verbatim with the environment the workflow gives them:
 - the images job against a real registry (Debian's docker-registry, the CNCF distribution
   server) on loopback: the commit-tagged CPU image is pushed and the registry serves it;
 - the deploy job against tests/stand_ins/kfp_api_stand_in.py (no Kubernetes here): the spec is
-  compiled
-  with the commit's tags, uploaded, one run started and the recurring run moved to it.
+  compiled with the commit's tags, uploaded, one run started and the recurring run moved to it.
 
 What differs from GitHub, and why: `uses:` steps are not run (checkout: this repository;
 setup-python: the Makefile's venv; login: the loopback registry has no accounts; upload-artifact:

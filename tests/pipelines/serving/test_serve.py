@@ -3,8 +3,8 @@
 Expected shapes, status codes and messages are those of TF Serving 2.16.1's REST API
 (https://www.tensorflow.org/tfx/serving/api_rest, and its source as cited in
 pipelines/serving/tfs_json.py and pipelines/serving/servable.py). The server runs in a thread on
-loopback; the
-versions come from a real SeaweedFS store through the same mirror the Kubernetes sidecar uses.
+loopback; the versions come from a real SeaweedFS store through the same mirror the Kubernetes
+sidecar uses.
 """
 
 import base64

@@ -1,13 +1,12 @@
 """The serving manifests (kubeflow/serving/) against the official schemas, and against each other.
 
 The schemas are upstream files pinned in tests/stand_ins/schemas/ (README.md there: where each
-comes from,
-its sha256, and how it is made strict): Kubernetes 1.29's OpenAPI for the Deployment and the
-Service, KServe v0.13.1's InferenceService CRD for the InferenceService. Validation is strict,
-as `kubectl apply` is: an unknown field fails. Broken copies of the manifests prove that it can
-fail. The rest checks what no schema can: pinned images, TF Serving's flags, ports and probes
-agreeing with each other and with the config, the sync sidecar sharing TF Serving's model
-config directory, the Secret's keys, and that no credential is written down. No network.
+comes from, its sha256, and how it is made strict): Kubernetes 1.29's OpenAPI for the Deployment
+and the Service, KServe v0.13.1's InferenceService CRD for the InferenceService. Validation is
+strict, as `kubectl apply` is: an unknown field fails. Broken copies of the manifests prove that it
+can fail. The rest checks what no schema can: pinned images, TF Serving's flags, ports and probes
+agreeing with each other and with the config, the sync sidecar sharing TF Serving's model config
+directory, the Secret's keys, and that no credential is written down. No network.
 """
 
 from __future__ import annotations
@@ -73,8 +72,8 @@ def load_documents(path: Path) -> list[dict]:
 
 def strict(schema: dict, *, crd: bool) -> dict:
     """`schema` as a strict API server applies it (tests/stand_ins/schemas/README.md): unknown
-    fields
-    refused, int-or-string and Quantity as decoded, nullable and embedded resources honoured."""
+    fields refused, int-or-string and Quantity as decoded, nullable and embedded resources
+    honoured."""
     out = dict(schema)
     if "properties" in schema:
         out["properties"] = {k: strict(v, crd=crd) for k, v in schema["properties"].items()}
