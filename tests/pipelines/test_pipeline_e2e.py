@@ -23,6 +23,7 @@ from components.steps import warmup
 from components.steps.example_gen import ExampleGenInputError
 from components.steps.validation import DataValidationError
 from components.training.checkpoints import CHECKPOINTS_FOLDER
+from components.use_cases.taxi import USE_CASE
 from components.use_cases.taxi import data as taxi_data
 from pipelines import data
 from pipelines.local.local_runner import run_pipeline
@@ -63,7 +64,7 @@ def test_first_span_ends_with_a_pushed_model_that_answers(loop):
     rows = serving.read_rows(
         storage.list_files(data.span_dir(config.data_root, 0) + "/*.csv")[0], 400
     )
-    probabilities = np.array(serving.predict(summary.pushed_path, rows))
+    probabilities = np.array(serving.predict(summary.pushed_path, rows, USE_CASE))
     labels = np.array([int(row["big_tipper"]) for row in rows])
     assert probabilities.shape == (400,)
     assert ((probabilities >= 0) & (probabilities <= 1)).all()

@@ -24,6 +24,7 @@ from components.base import registry, storage
 from components.base.config import REPO_ROOT, SECRET_KEYS, WORK_DIR, PipelineConfig
 from components.base.registry import complete_versions as pushed_versions
 from components.base.registry import versions_dir as serving_model_dir
+from components.use_cases.taxi import USE_CASE
 from pipelines import data
 from pipelines.kubeflow import images, kubeflow_runner
 from pipelines.serving import samples as serving
@@ -140,7 +141,7 @@ def test_compiled_spec_runs_each_task_in_its_own_container_and_pushes(
     assert list(versions) == [1]
     assert registry.served_version(serving_model_dir(serving_root, "taxi-tips"), "taxi-tips") == 1
     rows = serving.read_rows(storage.list_files(data_root + "/span-0/*.csv")[0], 50)
-    assert len(serving.predict(versions[1], rows)) == 50
+    assert len(serving.predict(versions[1], rows, USE_CASE)) == 50
     # The step's log comes from inside its container: the image's paths, not the host's.
     log = storage.read_bytes(run.outputs("trainer")["executor-logs"]["uri"]).decode()
     assert "/opt/venv/lib/python3.10" in log or "components.steps.trainer" in log

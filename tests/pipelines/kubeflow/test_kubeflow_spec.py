@@ -26,6 +26,7 @@ from components.base.config import (
 from components.base.registry import complete_versions as pushed_versions
 from components.base.registry import versions_dir as serving_model_dir
 from components.steps.evaluation import ROC_THRESHOLDS, VERDICT_FILE
+from components.use_cases.taxi import USE_CASE
 from pipelines import data
 from pipelines.kubeflow import kubeflow_runner
 from pipelines.serving import samples as serving
@@ -242,7 +243,7 @@ def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_bles
     assert "Pushed: version 1" in _check_run_report(backend, first, pushed_version=1)
     assert registry.served_version(serving_model_dir(serving_root, "taxi-tips"), "taxi-tips") == 1
     rows = serving.read_rows(storage.list_files(data_root + "/span-0/*.csv")[0], 200)
-    probabilities = np.array(serving.predict(versions[1], rows))
+    probabilities = np.array(serving.predict(versions[1], rows, USE_CASE))
     assert ((probabilities >= 0) & (probabilities <= 1)).all()
     labels = np.array([int(r["big_tipper"]) for r in rows])
     # Measured on these rows: 0.51-0.54 apart over 5 runs; an untrained model's are about 0.
