@@ -110,7 +110,7 @@ def _spec_for_this_machine() -> tuple[dict, dict]:
     """The spec as compiled for a cluster without GPUs: the Trainer on the CPU image."""
     config = PipelineConfig.load(environ={})
     return kubeflow_runner.compile_documents(
-        PipelineConfig(gpu_count=0, gpu_image=config.cpu_image)
+        PipelineConfig.load({"gpu_count": "0", "gpu_image": config.cpu_image}, environ={})
     )  # fmt: skip
 
 
