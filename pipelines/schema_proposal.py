@@ -27,7 +27,6 @@ from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 from tfx_bsl.coders import example_coder
 
 from components.base import spans
-from components.base.errors import ActionableError
 from components.base.use_case import UseCase, load
 from components.steps import csv_input
 from components.steps.example_gen import CsvFilesToExample
@@ -42,32 +41,11 @@ _NUMERIC = ("int_domain", "float_domain")
 _PRESENCE_MARGIN = 0.005
 
 
-class SchemaProposalError(ActionableError, ValueError):
-    """The span cannot be read for a proposal; the message names it and what to do."""
-
-
 def span_files(config: Any, span: int) -> tuple[int, list[str]]:
-    """(span number, its CSV files): the files ExampleGen reads; span -1 is the newest complete."""
-    root, marker = config.data_root, config.success_marker
-    folders, complete = spans.span_dirs(root), spans.complete_spans(root, marker)
-    span = max(complete, default=span) if span == spans.LATEST_SPAN else span
-    if span not in folders:
-        raise SchemaProposalError(
-            f"span {span} does not exist: {root} has spans {sorted(folders)}. Pass --span with "
-            "one of them, or upload the span first."
-        )
-    if span not in complete:
-        raise SchemaProposalError(
-            f"span {span} is incomplete: {folders[span]} has no {marker!r} file, which the upload "
-            "writes last. Wait for the upload to finish (or finish it), then run again."
-        )
-    files = [info.path for info in spans.span_files(folders[span])]
-    if not files:
-        raise SchemaProposalError(
-            f"span {span} ({folders[span]}) holds no .csv or .csv.gz files: write them there, "
-            "or pass another --span."
-        )
-    return span, files
+    """(span number, its CSV files): the files ExampleGen reads, chosen as SpanSelection chooses
+    them (span -1 is the newest complete one), with its errors for a missing or incomplete span."""
+    selection = spans.select(config.data_root, span, 1, config.success_marker)
+    return selection["span"], selection["spans"][selection["span"]]["files"]
 
 
 def span_statistics(files: list[str], encoding: str = "utf-8") -> Statistics:

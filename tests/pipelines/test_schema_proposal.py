@@ -8,9 +8,11 @@ TFDV: what the user reads, what lands in the schema file, and what the validator
   curated maximum: the curated schema finds both anomalies, the printed diff names both, --write
   writes a schema that keeps the curated comparators and finds none; a second run has nothing to
   change.
+- A required column with empty cells becomes optional (value_count 0..1, no shape), which
+  Transform then reads as a VarLen feature.
 - Unseen values that min_domain_mass tolerates, and a column the span lacks, are reported but
   change nothing.
-- A span that does not exist, or is incomplete: an ActionableError naming it.
+- A span that does not exist, is incomplete or holds no CSV file: SpanSelection's own error.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import tensorflow as tf
 import tensorflow_data_validation as tfdv
+from tensorflow_transform.tf_metadata import schema_utils
 
 from components.base.config import PipelineConfig
 from components.base.errors import ActionableError
@@ -160,6 +164,35 @@ def test_curated_schema_widened_by_a_span(tmp_path, taxi):
     assert printed[1:] == [f"{taxi.schema_path}: nothing to change"]
 
 
+def test_a_required_column_with_empty_cells_becomes_optional(tmp_path, taxi):
+    """The presence relaxation: `fare` is required (shape [1]); a span with empty fare cells is
+    refused until the proposal makes it optional, which the written schema says as Transform
+    reads it (a VarLen feature, no shape)."""
+    root = tmp_path / "data"
+    frame = _trips(300)
+    frame.loc[::50, "fare"] = np.nan  # 6 of 300 rows: an empty cell in the CSV
+    _write_span(root, 3, frame)
+    statistics = _statistics(root, 3)
+    assert set(_anomalies(statistics, taxi.schema_path)) == {"fare"}
+    printed: list[str] = []
+
+    assert propose(_config(root), 3, write=True, out=printed.append, use_case=taxi) == 0
+
+    assert printed[1:3] == [
+        f"changes to {taxi.schema_path}:",
+        "  fare: shape [1] -> value_count 0..1 (now optional: 6 of 300 rows have no value)",
+    ]
+    assert _anomalies(statistics, taxi.schema_path) == {}
+    written = tfdv.load_schema_text(str(taxi.schema_path))
+    fare = next(f for f in written.feature if f.name == "fare")
+    assert not fare.HasField("shape")
+    assert fare.float_domain.max == 5000.0  # the rest stays
+    assert fare.drift_comparator.jensen_shannon_divergence.threshold == 0.13
+    spec = schema_utils.schema_as_feature_spec(written).feature_spec
+    assert isinstance(spec["fare"], tf.io.VarLenFeature)  # optional where Transform reads it
+    assert isinstance(spec["trip_miles"], tf.io.FixedLenFeature)
+
+
 def test_tolerated_values_and_lacking_columns_change_nothing(tmp_path, taxi):
     curated = taxi.schema_path.read_text().replace(
         "drift_comparator { infinity_norm { threshold: 0.12 } }",
@@ -190,7 +223,13 @@ def test_a_span_that_is_missing_or_incomplete_is_named(tmp_path, taxi):
     _write_span(root, 0, _trips(20))
     _write_span(root, 1, _trips(20), complete=False)
 
-    with pytest.raises(ActionableError, match=r"span 7 does not exist: .* has spans \[0, 1\]"):
+    # The errors are SpanSelection's own (components/base/spans.py select): one rule for both.
+    with pytest.raises(ActionableError, match=r"span 7 requested but .* has spans \[0, 1\]"):
         propose(_config(root), 7, use_case=taxi)
-    with pytest.raises(ActionableError, match=r"span 1 is incomplete: .* no '_SUCCESS' file"):
+    with pytest.raises(ActionableError, match=r"span 1 under .* is not complete: .*'_SUCCESS'"):
         propose(_config(root), 1, use_case=taxi)
+    (root / "span-2").mkdir()
+    (root / "span-2" / "README").write_text("no data here")
+    (root / "span-2" / "_SUCCESS").write_text("")
+    with pytest.raises(ActionableError, match=r"span-2/ holds no .csv or .csv.gz files"):
+        propose(_config(root), 2, use_case=taxi)
