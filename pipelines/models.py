@@ -43,6 +43,8 @@ def list_versions(config: PipelineConfig) -> str:
         baseline = record.get("baseline_version")
         change = record.get("auc_change")
         versus = "first model" if baseline is None else f"v{baseline}"
+        if record.get("not_compared"):  # the served model could not read its data
+            versus = "not compared"
         if baseline is not None and change is not None:
             versus += f" {change:+.4f}"
         spans = ",".join(sorted(record.get("spans", {}), key=int)) or "?"

@@ -43,6 +43,7 @@ class RunSummary:
     baseline_version: int | None = None
     # Candidate AUC minus the baseline's, as the Evaluator computed it; None without a baseline.
     auc_change: float | None = None
+    not_compared: str | None = None  # why the served model was not compared (Evaluator)
     pushed_path: str | None = None
     spans: list[int] = dataclasses.field(default_factory=list)
     trained: bool | None = None  # False: no new data, nothing after SelectSpans ran
@@ -140,6 +141,8 @@ def read_summary(
 
         summary.metrics, summary.validation_failures = read_metrics(uri)
         summary.auc_change = auc_change(uri)
+        not_compared = evaluator["blessing"].custom_properties.get("not_compared")
+        summary.not_compared = not_compared.string_value if not_compared is not None else None
         refusal = evaluator["blessing"].custom_properties.get("slide_check")
         if refusal is not None and refusal.string_value:  # the Evaluator's own check
             summary.validation_failures.append(refusal.string_value)
@@ -180,7 +183,9 @@ def format_summary(summary: RunSummary) -> str:
     baseline = (
         f"version {summary.baseline_version}" if summary.baseline_version else "none (first model)"
     )
-    if summary.auc_change is not None and overall.get("auc") is not None:
+    if summary.not_compared:
+        baseline = summary.not_compared
+    elif summary.auc_change is not None and overall.get("auc") is not None:
         # TFMA reports the difference on the same eval data; the served model's AUC follows.
         served_auc = overall["auc"] - summary.auc_change
         baseline += (

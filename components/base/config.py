@@ -57,6 +57,11 @@ class ConfigError(ActionableError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
+    """Every setting of a run. Product code builds it with `PipelineConfig.load`, which applies
+    the use case's defaults, the environment and `--set`; the constructor alone gives the generic
+    defaults below, for tests that set the fields they need (tests/pipelines/test_layout.py
+    keeps the constructor out of pipelines/ and components/)."""
+
     # The use case: a data set and its model (components/base/use_case.py), one of
     # components/use_cases/ or a package of your own (`mycompany.churn`). Its USE_CASE sets the
     # defaults of some fields below (names, data root, thresholds: `config_defaults`), which

@@ -22,7 +22,7 @@ from tfx.components.evaluator import executor as evaluator_executor
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 from tfx.types.standard_component_specs import EvaluatorSpec
-from tfx.utils import proto_utils
+from tfx.utils import path_utils, proto_utils
 
 from components.base import storage
 from components.base.config import check_run_parameters
@@ -42,6 +42,7 @@ SERVING_THRESHOLD = 0.5
 ROC_THRESHOLDS = 100
 SLIDE_CHECK_KEY = "slide_check"  # blessing's custom property: why the slide check refused
 VERDICT_FILE = "verdict.json"  # in the blessing: metrics by slice, failed thresholds, AUC change
+NOT_COMPARED_KEY = "not_compared"  # blessing's custom property and verdict's key: why not
 
 
 def read_verdict(blessing) -> dict:
@@ -135,6 +136,11 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
             for b in input_dict.pop("baseline_model", [])
             if b.get_int_custom_property(BASELINE_VERSION_KEY) != NO_BASELINE
         ]
+        # A served model that cannot parse this eval data (the schema made a column it requires
+        # optional, or changed its type) would fail TFMA's whole batch: it is not compared.
+        not_compared = not_comparable(baselines[0], input_dict["model"][0]) if baselines else None
+        if not_compared:
+            baselines = []
         if baselines:
             input_dict["baseline_model"] = baselines
         super().Do(input_dict, output_dict, properties)
@@ -157,13 +163,37 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
                 best_version=baselines[0].get_int_custom_property(BEST_VERSION_KEY),
             )
         blessing.set_float_custom_property(QUALITY_KEY, quality)
+        if not_compared:
+            blessing.set_string_custom_property(NOT_COMPARED_KEY, not_compared)
         if refusal and blessing.get_int_custom_property("blessed") == 1:
             _unbless(blessing, refusal)
             failures.append(refusal)
         # What the Pusher records and the summaries show, without reading TFMA's files again.
         verdict = {"metrics": metrics, "failures": failures, "auc_change": change,
-                   QUALITY_KEY: quality}  # fmt: skip
+                   QUALITY_KEY: quality, NOT_COMPARED_KEY: not_compared}  # fmt: skip
         storage.write_bytes(storage.join(blessing.uri, VERDICT_FILE), json.dumps(verdict).encode())
+
+
+def not_comparable(baseline, model) -> str | None:
+    """Why the served model `baseline` cannot score the data the candidate `model` was validated
+    on, from the input contracts their exports wrote; None when it can, or when a model predates
+    the contract (it is compared as before)."""
+    from components.training.export import INPUT_CONTRACT_PATH, contract_gaps
+
+    contracts = []
+    for artifact in (baseline, model):
+        path = storage.join(path_utils.serving_model_path(artifact.uri), INPUT_CONTRACT_PATH)
+        if not storage.list_files(path):
+            return None
+        contracts.append(json.loads(storage.read_bytes(path)))
+    gaps = contract_gaps(*contracts)
+    if not gaps:
+        return None
+    version = baseline.get_int_custom_property(BASELINE_VERSION_KEY)
+    return (
+        f"served version {version} cannot read this run's data ({'; '.join(gaps)}): not "
+        "compared, judged on the thresholds alone; the next run compares with this model"
+    )
 
 
 def quality_gate(

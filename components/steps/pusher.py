@@ -175,7 +175,14 @@ class VersionedPusherExecutor(pusher_executor.Executor):
             "spans": outcome["spans"],
             "input_fingerprint": selection["fingerprint"],
             "metrics": verdict["metrics"],
-            "baseline_version": None if baseline_version == NO_BASELINE else baseline_version,
+            # Not compared (the served model could not read this data): a new lineage starts
+            # here, so the quality slide check never weighs indexes measured on other data.
+            "baseline_version": (
+                None
+                if baseline_version == NO_BASELINE or verdict.get("not_compared")
+                else baseline_version
+            ),  # fmt: skip
+            "not_compared": verdict.get("not_compared"),
             "auc_change": verdict["auc_change"],
             QUALITY_KEY: verdict[QUALITY_KEY],
             "code_version": code_version(),

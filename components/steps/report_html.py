@@ -117,7 +117,9 @@ def render(facts: dict[str, Any]) -> str:
     failures = "".join(f"<li>{escape(f)}</li>" for f in facts["failures"])
     spans = ", ".join(str(s) for s in facts["spans"]) or str(facts["span"])
     change = facts["auc_change"]
-    compared = ("No served model to compare with: judged on the thresholds alone."
+    compared = (f"Not compared with the served model: {facts['not_compared']}."
+                if facts.get("not_compared")
+                else "No served model to compare with: judged on the thresholds alone."
                 if change is None or facts["baseline_auc"] is None
                 else f"AUC {facts['auc']:.4f} against the served model's "
                 f"{facts['baseline_auc']:.4f} on this eval data ({change:+.4f}).")  # fmt: skip

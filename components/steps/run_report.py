@@ -82,6 +82,7 @@ def gather(inputs: dict[str, list], class_names: list[str]) -> dict[str, Any]:
         "failures": verdict["failures"],
         "auc": overall.get("auc"),
         "auc_change": verdict["auc_change"],
+        "not_compared": verdict.get("not_compared"),
         "baseline_auc": (
             None
             if verdict["auc_change"] is None or overall.get("auc") is None
@@ -119,6 +120,8 @@ def write_metrics(metrics, facts: dict[str, Any]) -> None:
     for name, value in values.items():
         if _finite(value) is not None:  # absent rather than null (converter.go fails on null)
             metrics.set_float_custom_property(name, float(value))
+    if facts.get("not_compared"):  # no baseline_auc / auc_change: why, as text
+        metrics.set_string_custom_property("not_compared", facts["not_compared"])
     if overall.get(AUC_UNDEFINED_KEY):  # no number to show: the reason, as text
         metrics.set_string_custom_property(AUC_UNDEFINED_KEY, overall[AUC_UNDEFINED_KEY])
 

@@ -33,6 +33,19 @@ def test_no_taxi_column_is_named_outside_the_taxi_use_case():
     assert found == []
 
 
+def test_product_code_builds_its_config_with_load():
+    """`PipelineConfig(...)` has the generic defaults (pipeline and model name, bars), not the
+    use case's: only `PipelineConfig.load` gives what a user's run gets, so product code uses it."""
+    pattern = re.compile(r"\bPipelineConfig\(")
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+        for path in _product_modules()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and not line.lstrip().startswith("class ")
+    ]
+    assert found == []
+
+
 def _packages() -> list[str]:
     return sorted(
         str(init.parent.relative_to(REPO_ROOT))

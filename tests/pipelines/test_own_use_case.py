@@ -48,7 +48,7 @@ FILES = {
         import numpy as np
         import pandas as pd
 
-        PLANS = np.array(["basic", "plus", "pro"])
+        PLANS = np.array(["basic", "plus", "pro"], dtype=object)
 
 
         def generate_span(num_rows, span, seed=42, drift=0.0, label_noise=0.0):
@@ -56,6 +56,7 @@ FILES = {
             tenure = rng.integers(1, 72, num_rows)
             charge = np.round(rng.normal(50 + 20 * drift, 15, num_rows), 2)
             plan = rng.choice(PLANS, size=num_rows)
+            plan[rng.random(num_rows) < 0.005] = "legacy"  # a few, outside the schema's domain
             logit = 1.5 - 0.06 * tenure + 0.03 * (charge - 50) + 0.8 * (plan == "basic")
             churned = (rng.random(num_rows) < 1 / (1 + np.exp(-logit))).astype(np.int64)
             if label_noise:
@@ -127,6 +128,7 @@ FILES = {
         feature {
           name: "plan" type: BYTES domain: "plan"
           presence { min_fraction: 1.0 min_count: 1 } shape { dim { size: 1 } }
+          distribution_constraints { min_domain_mass: 0.99 }
         }
         feature {
           name: "churned" type: INT int_domain { min: 0 max: 1 is_categorical: true }
@@ -154,14 +156,16 @@ def _tree_state() -> str:
 
 
 def _span_1(endpoint: str) -> None:
-    """A span the curated schema refuses, as real uploads come: a plan it does not list and a
-    charge above its range (and, as in every span, customers whose tenure is not known)."""
+    """A span the curated schema refuses, as real uploads come: a plan it does not list, a
+    charge above its range, and charges left empty in a column the schema requires (and, as in
+    every span, customers whose tenure is not known). No enterprise customer cancels: that
+    slice holds one label."""
     rows = ["tenure_months,monthly_charge,plan,churned"]
     for i in range(3000):
         tenure = "" if i % 50 == 0 else str(1 + i % 71)
-        charge = 2500.0 if i % 500 == 0 else 20.0 + i % 80
+        charge = "" if i % 50 == 1 else 2500.0 if i % 500 == 0 else 20.0 + i % 80
         plan = ("basic", "plus", "pro", "enterprise")[i % 4]
-        churned = int((i % 71) < 12 or (plan == "basic" and i % 3 == 0))
+        churned = int(plan != "enterprise" and ((i % 71) < 12 or (plan == "basic" and i % 3 == 0)))
         rows.append(f"{tenure},{charge},{plan},{churned}")
     client = s3_client(endpoint)
     client.put_object(Bucket="tfx-pipeline", Key="data/churn/span-1/part-00000.csv",
@@ -191,10 +195,13 @@ def _ask(tmp_path, work, env, port: int, rows: list[dict]) -> list[list[float]]:
 def test_a_use_case_of_ones_own_runs_end_to_end_is_served_and_its_schema_follows_the_data(
     tmp_path, monkeypatch
 ):
-    """The journey of a user's own use case: the first span trains and pushes; a later span
-    that the curated schema refuses stops the run, naming `tkp schema propose`; the proposal,
-    written, admits it (a new value, a wider range), the next run pushes, and the served model
-    answers for rows with the new value and with an optional column left out."""
+    """The journey of a user's own use case: the first span (with a few plans outside the
+    domain, which distribution_constraints tolerate) trains and pushes; a later span that the
+    curated schema refuses stops the run, naming `tkp schema propose`; the proposal, written,
+    admits it (a new value, a wider range, a required column made optional), the next run
+    pushes without comparing with the served model (which cannot read rows lacking that
+    column), and the served model answers for rows with the new value, the tolerated one and
+    optional columns left out."""
     _write_use_case(tmp_path / "code")
     before = _tree_state()
     env = {"PYTHONPATH": f"{tmp_path / 'code'}:{REPO_ROOT}"}
@@ -215,6 +222,7 @@ def test_a_use_case_of_ones_own_runs_end_to_end_is_served_and_its_schema_follows
         assert "Running pipeline 'churn'" in out
         assert "Pushed: s3://tfx-pipeline/serving/churn/1" in out
         assert "plan=basic" in out and "plan=pro" in out  # the use case's slices
+        assert "plan=legacy" in out  # tolerated by the schema, trained on, evaluated
         assert "Predictions of s3://tfx-pipeline/serving/churn/1 on the first rows of " in out
         assert "P(cancels)" in out and "tenure_months" in out  # its columns and class names
         report = (work / "logs").glob("*.report.html")
@@ -235,6 +243,8 @@ def test_a_use_case_of_ones_own_runs_end_to_end_is_served_and_its_schema_follows
         shown = cli_process.run(work, "schema", "propose", "--span", "1", *settings, **env)
         assert "plan: domain gains 'enterprise'" in shown.stdout, shown.stdout + shown.stderr
         assert "monthly_charge: max 1000.0 -> 2500.0 (range widened)" in shown.stdout
+        assert ("monthly_charge: shape [1] -> value_count 0..1 (now optional: 60 of 3000 rows "
+                "have no value)") in shown.stdout  # fmt: skip
         assert "tenure_months" not in shown.stdout  # nothing to change there
         assert "enterprise" not in schema_file.read_text()  # shown, not written
         written = cli_process.run(work, "schema", "propose", "--span", "1", "--write",
@@ -247,7 +257,22 @@ def test_a_use_case_of_ones_own_runs_end_to_end_is_served_and_its_schema_follows
         assert second.returncode == 0, second.stdout + second.stderr
         assert "Data span: 1" in second.stdout
         assert "Pushed: s3://tfx-pipeline/serving/churn/2" in second.stdout
-        assert "plan=enterprise" in second.stdout
+        # Version 1 requires monthly_charge, which rows may now lack: it cannot score this
+        # eval data, so the candidate is judged on the thresholds alone, and says so.
+        assert ("Compared with the served model: served version 1 cannot read this run's data "
+                "(it requires 'monthly_charge', which the schema now lets be missing): not "
+                "compared") in second.stdout  # fmt: skip
+        one_label = "n/a: every example of this slice has label 0 (AUC needs both labels)"
+        assert f"{'plan=enterprise':<32} auc={one_label}" in second.stdout
+        listed = cli_process.run(work, "models", "list", *settings, **env).stdout
+        assert any(line.split()[:1] == ["2"] and "not compared" in line
+                   for line in listed.splitlines()), listed  # fmt: skip
+        shown = cli_process.run(work, "models", "show", "2", *settings, **env).stdout
+        record = json.loads(shown[shown.index("{") : shown.rindex("}") + 1])
+        assert record["metrics"]["plan=enterprise"]["auc"] is None
+        assert record["metrics"]["plan=enterprise"]["auc_undefined"] == one_label
+        assert record["baseline_version"] is None and "cannot read" in record["not_compared"]
+        assert "Lineage (each beat the one after it): v2 <- (first model)" in shown
 
         port = free_port()
         with cli_process.Background(work, "serve", "--port", str(port), *settings, **env) as server:
@@ -257,9 +282,10 @@ def test_a_use_case_of_ones_own_runs_end_to_end_is_served_and_its_schema_follows
                 {"tenure_months": "2", "monthly_charge": "80.5", "plan": "basic"},
                 {"tenure_months": "70", "monthly_charge": "20.0", "plan": "pro"},
                 {"tenure_months": "", "monthly_charge": "2500.0", "plan": "enterprise"},
+                {"tenure_months": "12", "monthly_charge": "", "plan": "legacy"},
             ]
             examples, raw = _ask(tmp_path, work, env, port, rows)
-            assert len(examples) == 3 and all(0 <= p <= 1 for p in examples)
+            assert len(examples) == 4 and all(0 <= p <= 1 for p in examples)
             assert raw == pytest.approx(examples, abs=1e-5)  # both ways in, the same model
             # A new customer on the basic plan cancels more likely than a loyal one on pro:
             # what both spans' labels say, learned by the model.
