@@ -262,6 +262,10 @@ def test_a_use_case_of_ones_own_runs_end_to_end_is_served_and_its_schema_follows
         assert ("Compared with the served model: served version 1 cannot read this run's data "
                 "(it requires 'monthly_charge', which the schema now lets be missing): not "
                 "compared") in second.stdout  # fmt: skip
+        newest_report = max((work / "logs").glob("*.report.html"), key=lambda p: p.stat().st_mtime)
+        assert "Not compared with the served model: served version 1 cannot read" in (
+            newest_report.read_text()
+        )
         one_label = "n/a: every example of this slice has label 0 (AUC needs both labels)"
         assert f"{'plan=enterprise':<32} auc={one_label}" in second.stdout
         listed = cli_process.run(work, "models", "list", *settings, **env).stdout
