@@ -1,5 +1,7 @@
-"""Shared pytest fixtures: the object store and CLI processes every test may use; each use case's
-data and model fixtures live in tests/use_cases/<name>/fixtures.py, loaded here as plugins."""
+"""Shared pytest fixtures: the object store and CLI processes every test may use. What the tests
+need of any use case (its data, one trained model per session, `use_case_model`) is in
+tests/use_cases/kit.py; what is specific to one, in tests/use_cases/<name>/fixtures.py; both are
+loaded here as plugins, the latter for every shipped use case."""
 
 import os
 
@@ -12,8 +14,11 @@ from components.base import use_case  # noqa: E402
 from components.base.object_store import EmbeddedObjectStore  # noqa: E402
 from tests.pipelines.retraining_loop import loop  # noqa: E402, F401  (shared fixtures)
 
-# The shipped use cases' fixtures (one module each).
-pytest_plugins = ["tests.use_cases.taxi.fixtures"]
+# The generic use case fixtures, then each shipped use case's own (one module each).
+pytest_plugins = [
+    "tests.use_cases.kit",
+    *(f"tests.use_cases.{name}.fixtures" for name in use_case.shipped()),
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -58,7 +63,8 @@ def cli_in_background(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# The shipped use cases: a generic test takes `shipped_use_case` and runs once for each.
+# The shipped use cases: a generic test takes `shipped_use_case` (the name) or, when it needs a
+# trained model, `use_case_model` (tests/use_cases/kit.py), and runs once for each.
 # --------------------------------------------------------------------------------------------
 
 

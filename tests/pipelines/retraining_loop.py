@@ -26,7 +26,7 @@ from components.training.checkpoints import CHECKPOINTS_FOLDER
 from pipelines import data, models
 from pipelines.local.local_runner import run_pipeline
 from pipelines.run_summary import latest_step_outputs
-from tests.use_cases.taxi.fixtures import scalar_steps
+from tests.use_cases.kit import scalar_steps
 
 
 def loop_config(bucket: str, work, data_folder: str = "data", **overrides) -> PipelineConfig:

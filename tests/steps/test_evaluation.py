@@ -1,5 +1,7 @@
 """The Evaluator step on a real trained model and real TFMA: a slice whose examples all carry one
 label has no AUC, and every reader says so ("n/a" and why) instead of the 0 or 1 TFMA reports.
+The tests with a model run once per shipped use case (`use_case_model`): the label, the slice
+key and the class names are the use case's.
 """
 
 import json
@@ -14,13 +16,12 @@ from components.steps import kfp_artifacts, report_html, run_report
 from components.steps.auc_text import AUC_UNDEFINED_KEY
 from components.steps.baseline import BASELINE_VERSION_KEY, NO_BASELINE
 from components.steps.evaluation import VERDICT_FILE, ThresholdEvaluatorExecutor
-from components.use_cases.taxi import USE_CASE
 from pipelines.run_summary import RunSummary, format_summary
 
 ONE_LABEL = "n/a: every example of this slice has label 0 (AUC needs both labels)"
 
 
-def _evaluate(tmp_path, fn_args, rows: list[bytes]):
+def _evaluate(tmp_path, fn_args, use_case, rows: list[bytes]):
     """The ThresholdEvaluator's executor as the pipeline runs it (first model: no baseline);
     returns its verdict.json and the blessing."""
     model = standard_artifacts.Model()
@@ -45,44 +46,58 @@ def _evaluate(tmp_path, fn_args, rows: list[bytes]):
         {"examples": [examples], "model": [model], "baseline_model": [baseline]},
         {"evaluation": [evaluation], "blessing": [blessing]},
         {"min_auc": 0.0, "min_accuracy": 0.0, "max_auc_drop": 1.0,
-         "label_key": USE_CASE.label_key, "slice_keys": json.dumps(list(USE_CASE.slice_keys))},
+         "label_key": use_case.label_key, "slice_keys": json.dumps(list(use_case.slice_keys))},
     )  # fmt: skip
     return json.loads(storage.read_bytes(f"{blessing.uri}/{VERDICT_FILE}")), blessing
 
 
-def test_a_slice_of_one_label_has_no_auc_and_every_reader_says_why(trained, tmp_path, to_examples):
-    fn_args, eval_frame = trained
-    frame = eval_frame.copy()
-    cash = frame["payment_type"] == "Cash"
-    assert 10 < cash.sum() < len(frame) - 10
-    frame.loc[cash, "big_tipper"] = 0  # no cash payer tips: one label in that slice
-    assert frame.loc[~cash, "big_tipper"].nunique() == 2
+def one_slice(frame, key: str):
+    """The first value of slice key `key` (by value) whose slice holds more than 10 rows and
+    leaves more than 10 outside, and the mask of its rows."""
+    for value, count in sorted(frame[key].value_counts().items()):
+        if 10 < count < len(frame) - 10:
+            return value, frame[key] == value
+    raise AssertionError(f"no value of slice key {key!r} has between 10 and "
+                         f"{len(frame) - 10} of the eval rows: give this use case's tests more "
+                         "eval rows")  # fmt: skip
 
-    verdict, _ = _evaluate(tmp_path, fn_args, to_examples(frame))
+
+def test_a_slice_of_one_label_has_no_auc_and_every_reader_says_why(use_case_model, tmp_path):
+    fn_args, use_case = use_case_model.fn_args, use_case_model.use_case
+    label, key = use_case.label_key, use_case.slice_keys[0]
+    frame = use_case_model.eval_frame.copy()
+    value, chosen = one_slice(frame, key)
+    frame.loc[chosen, label] = 0  # one label in that slice
+    assert frame.loc[~chosen, label].nunique() == 2
+    name = f"{key}={value}"
+
+    verdict, _ = _evaluate(tmp_path, fn_args, use_case, use_case_model.to_examples(frame))
 
     metrics = verdict["metrics"]  # also what the Pusher records in the registry
-    assert metrics["payment_type=Cash"]["example_count"] == cash.sum()
-    # Every slice of one label (Cash, and any small one that happens to be) says n/a and why;
-    # every slice of both labels has a number, whatever it is (0 can be a real AUC).
-    labels = frame.groupby("payment_type")["big_tipper"].agg(["nunique", "first"])
-    assert set(labels.index) == {name.split("=")[1] for name in metrics if name != "overall"}
+    assert metrics[name]["example_count"] == chosen.sum()
+    # Every slice of one label (the chosen one, and any small one that happens to be) says n/a
+    # and why; every slice of both labels has a number, whatever it is (0 can be a real AUC).
+    labels = frame.groupby(key)[label].agg(["nunique", "first"])
+    sliced = [m for m in metrics if m.startswith(f"{key}=")]
+    assert {str(v) for v in labels.index} == {m.split("=", 1)[1] for m in sliced}
+    assert all(m == "overall" or m.split("=", 1)[0] in use_case.slice_keys for m in metrics)
     summary = format_summary(RunSummary(steps=[], span=0, metrics=metrics, blessed=True))
-    for payment, (count, label) in labels.iterrows():
-        values = metrics[f"payment_type={payment}"]
+    for slice_value, (count, first) in labels.iterrows():
+        values = metrics[f"{key}={slice_value}"]
         if count == 1:
-            reason = ONE_LABEL.replace("label 0", f"label {label}")
+            reason = ONE_LABEL.replace("label 0", f"label {first}")
             assert values["auc"] is None and values[AUC_UNDEFINED_KEY] == reason
-            assert f"{'payment_type=' + payment:<32} auc={reason}" in summary
+            assert f"{key + '=' + str(slice_value):<32} auc={reason}" in summary
         else:
-            assert 0 <= values["auc"] <= 1 and AUC_UNDEFINED_KEY not in values, payment
+            assert 0 <= values["auc"] <= 1 and AUC_UNDEFINED_KEY not in values, slice_value
     facts = {"span": 0, "spans": [0], "fingerprint": "f",
              "validation": {"columns": {}, "drift_baseline_span": -1, "drift": []},
              "metrics": metrics, "failures": [], "auc": metrics["overall"]["auc"],
              "auc_change": None, "baseline_auc": None, "blessed": True, "pushed_version": 1,
              "not_pushed_reason": "", "curve": [], "confusion": {}, "steps": {},
-             "class_names": list(USE_CASE.class_names)}  # fmt: skip
+             "class_names": list(use_case.class_names)}  # fmt: skip
     page = report_html.render(facts)
-    assert f"<td>payment_type=Cash</td><td>{cash.sum()}</td><td>{ONE_LABEL}</td>" in page
+    assert f"<td>{name}</td><td>{chosen.sum()}</td><td>{ONE_LABEL}</td>" in page
 
 
 def test_kubeflow_metrics_carry_the_reason_when_the_overall_auc_is_undefined():
@@ -98,13 +113,14 @@ def test_kubeflow_metrics_carry_the_reason_when_the_overall_auc_is_undefined():
     assert metrics.get_float_custom_property("example_count") == 40.0
 
 
-def test_eval_data_of_one_label_blesses_no_model(trained, tmp_path, to_examples):
+def test_eval_data_of_one_label_blesses_no_model(use_case_model, tmp_path):
     """With one label in the whole eval split, TFMA still reports an AUC (0 or 1) and would
     bless on it with bars of 0: the Evaluator refuses instead, and says why."""
-    fn_args, eval_frame = trained
-    frame = eval_frame.assign(big_tipper=0)
+    use_case = use_case_model.use_case
+    frame = use_case_model.eval_frame.assign(**{use_case.label_key: 0})
 
-    verdict, blessing = _evaluate(tmp_path, fn_args, to_examples(frame))
+    verdict, blessing = _evaluate(tmp_path, use_case_model.fn_args, use_case,
+                                  use_case_model.to_examples(frame))  # fmt: skip
 
     assert blessing.get_int_custom_property("blessed") == 0
     assert verdict["metrics"]["overall"]["auc"] is None

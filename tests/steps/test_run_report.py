@@ -16,9 +16,8 @@ import subprocess
 import pytest
 from google.protobuf import json_format
 
-from components.base import registry, storage
+from components.base import registry, storage, use_case
 from components.steps.evaluation import ROC_THRESHOLDS
-from components.use_cases.taxi import USE_CASE
 from pipelines.run_summary import STEP_ORDER
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -42,8 +41,9 @@ def approx(value: float):
     return pytest.approx(value, abs=1e-6)
 
 
-def check_against_the_evaluation(view: dict, summary) -> None:
-    """Every figure the UI shows equals the Evaluator's."""
+def check_against_the_evaluation(view: dict, summary, class_names: tuple[str, ...]) -> None:
+    """Every figure the UI shows equals the Evaluator's; the confusion matrix's classes are
+    `class_names`, the use case's."""
     overall = summary.metrics["overall"]
     metrics, curves = view["metrics"], view["curves"]
     assert metrics["auc"] == approx(overall["auc"])
@@ -67,7 +67,7 @@ def check_against_the_evaluation(view: dict, summary) -> None:
     assert recalls[0] == 1 and recalls == sorted(recalls, reverse=True)
     # The confusion matrix at 0.5 holds every eval example and gives the Evaluator's accuracy.
     matrix = curves["confusionMatrix"]
-    assert [spec["displayName"] for spec in matrix["annotationSpecs"]] == list(USE_CASE.class_names)
+    assert [spec["displayName"] for spec in matrix["annotationSpecs"]] == list(class_names)
     (tn, fp), (fn, tp) = (row["row"] for row in matrix["rows"])
     assert tn + fp + fn + tp == overall["example_count"]
     assert (tn + tp) / overall["example_count"] == approx(overall["binary_accuracy"])
@@ -76,12 +76,16 @@ def check_against_the_evaluation(view: dict, summary) -> None:
 # Which of the loop's runs push and which are refused does not hang on training noise: the
 # loop's bars sit far from what its models measured (tests/pipelines/retraining_loop.py,
 # loop_config), and tests/pipelines/test_pipeline_e2e.py checks each verdict against the metrics it
-# recorded.
+# recorded. The loop runs the use case of its config: its class names are the ones expected.
+
+
+def class_names(loop) -> tuple[str, ...]:
+    return use_case.load(loop.config.use_case).class_names
 
 
 def test_a_pushed_run_reports_what_the_evaluation_found(loop):
     view = ui_view(loop.first_report)
-    check_against_the_evaluation(view, loop.first)
+    check_against_the_evaluation(view, loop.first, class_names(loop))
     assert view["metrics"]["pushed_version"] == 1
     page = view["page"]
     assert "Pushed: version 1" in page and "No served model to compare with" in page
@@ -95,14 +99,14 @@ def test_a_pushed_run_reports_what_the_evaluation_found(loop):
 
 def test_a_run_against_the_served_model_reports_the_baseline(loop):
     view = ui_view(loop.second_report)
-    check_against_the_evaluation(view, loop.second)
+    check_against_the_evaluation(view, loop.second, class_names(loop))
     assert view["metrics"]["pushed_version"] == 2
     assert "against the served model" in view["page"] and "Drift of the eval split" in view["page"]
 
 
 def test_a_refused_run_says_why_it_was_not_pushed(loop):
     view = ui_view(loop.noisy_report)
-    check_against_the_evaluation(view, loop.noisy)
+    check_against_the_evaluation(view, loop.noisy, class_names(loop))
     assert view["metrics"]["pushed_version"] == 0 and view["metrics"]["blessed"] == 0
     refusal = re.search(r'<p class="decision refused">Not pushed: (.*?)</p>', view["page"])
     assert refusal and "not blessed" in refusal.group(1) and "auc" in refusal.group(1)
@@ -134,7 +138,7 @@ def test_the_report_renders_in_a_real_browser(loop, tmp_path, run, banner, colou
     assert not re.search(r"[{}]|\bNone\b|\bnan\b", text), "a raw template marker or value"
     tables = {re.search(r"<th>(.*?)</th>", t).group(1): t.count("<tr>")
               for t in re.findall(r"<table>.*?</table>", dom, flags=re.S)}  # fmt: skip
-    # Metrics (overall and the payment types), the confusion matrix, the step times.
+    # Metrics (overall and the slices), the confusion matrix, the step times.
     assert tables["slice"] >= 3 and tables["true \\ predicted"] == 3 and tables["step"] >= 11
     shot = tmp_path / "report.png"
     subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1280,1600", page.as_uri()],

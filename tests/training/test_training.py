@@ -26,7 +26,8 @@ from components.training import checkpoints, local_workers, loop
 from components.use_cases.taxi import features
 from pipelines import gpu_check
 from pipelines.bench import bench_training
-from tests.use_cases.taxi.fixtures import fn_args_for, scalar_steps, trainer_settings
+from tests.use_cases.kit import scalar_steps
+from tests.use_cases.taxi.fixtures import fn_args_for, trainer_settings
 
 # An AUC on the test data (300 eval rows) that every trained model here clears and no untrained
 # one reaches. Measured in 13 runs each: one worker, 40 steps, 0.828-0.873; two workers

@@ -7,6 +7,11 @@ Needs a usable container engine: podman (as root, with runc and debootstrap for 
 image; .ci/run installs them) or docker. Elsewhere these tests are skipped with one line that
 says what is missing. The GPU image cannot be built here (NVIDIA's registry and apt repository
 are out of reach): the test without an engine checks that its Python layers are the CPU image's.
+
+The full run goes once per shipped use case (IDs `[<name>]`): its spec compiled from its config,
+spans from its generator, bars from its test settings (tests/use_cases/<name>/fixtures.py). The
+runs that fail a step on purpose fail it before any data is read, so they run the default
+use case's spec only.
 """
 
 from __future__ import annotations
@@ -20,16 +25,16 @@ import urllib.parse
 
 import pytest
 
-from components.base import registry, storage
+from components.base import registry, storage, use_case
 from components.base.config import REPO_ROOT, SECRET_KEYS, WORK_DIR, PipelineConfig
 from components.base.registry import complete_versions as pushed_versions
 from components.base.registry import versions_dir as serving_model_dir
-from components.use_cases.taxi import USE_CASE
 from pipelines import data
 from pipelines.kubeflow import images, kubeflow_runner
 from pipelines.serving import samples as serving
 from tests.stand_ins import kfp_harness
 from tests.stand_ins.kfp_containers import ContainerRuntime, missing_for_images
+from tests.use_cases import kit
 
 FIGURES_PATH = WORK_DIR / "bench" / "containers.json"
 
@@ -95,8 +100,9 @@ def test_the_image_is_lean_and_runs_as_a_non_root_user(step_image):
     ]
 
 
-def _backend(bucket: str, work_dir, runtime: ContainerRuntime) -> kfp_harness.Backend:
-    config = PipelineConfig.load(environ={})
+def _backend(
+    bucket: str, work_dir, runtime: ContainerRuntime, config: PipelineConfig
+) -> kfp_harness.Backend:
     return kfp_harness.Backend(
         pipeline_root=f"s3://{bucket}/pipeline_root",
         images={config.cpu_image: REPO_ROOT / "kubeflow" / "Dockerfile"},
@@ -106,42 +112,46 @@ def _backend(bucket: str, work_dir, runtime: ContainerRuntime) -> kfp_harness.Ba
     )
 
 
-def _spec_for_this_machine() -> tuple[dict, dict]:
-    """The spec as compiled for a cluster without GPUs: the Trainer on the CPU image."""
-    config = PipelineConfig.load(environ={})
-    return kubeflow_runner.compile_documents(
-        PipelineConfig.load({"gpu_count": "0", "gpu_image": config.cpu_image}, environ={})
-    )  # fmt: skip
+def _config_for_this_machine(name: str) -> PipelineConfig:
+    """Use case `name`'s config (its defaults) for a cluster without GPUs: the Trainer on the
+    CPU image."""
+    config = PipelineConfig.load({"use_case": name}, environ={})
+    return PipelineConfig.load(
+        {"use_case": name, "gpu_count": "0", "gpu_image": config.cpu_image}, environ={}
+    )
 
 
 def _store_port() -> int:
     return urllib.parse.urlsplit(os.environ["AWS_ENDPOINT_URL_S3"]).port
 
 
+@pytest.mark.parametrize("name", use_case.shipped())
 def test_compiled_spec_runs_each_task_in_its_own_container_and_pushes(
-    step_image, object_store, tmp_path
+    step_image, object_store, tmp_path, name
 ):
     engine, image, build_seconds = step_image
-    spec, platform = _spec_for_this_machine()
+    config, settings = _config_for_this_machine(name), kit.of(name).settings
+    served = use_case.load(name)
+    spec, platform = kubeflow_runner.compile_documents(config)
     bucket = object_store.new_bucket("containers")
     data_root, serving_root = f"s3://{bucket}/data", f"s3://{bucket}/serving"
-    data.write_span(data_root, 0, 3000)
-    # The bar is far below what this training reaches (AUC 0.896-0.903, accuracy 0.852-0.865
-    # over 5 runs of the same data and settings with the local runner): only a broken step
-    # can fail it.
+    model_dir = serving_model_dir(serving_root, config.model_name)
+    data.write_span(data_root, 0, settings.span_rows, use_case=name)
+    # The bars are far below what this training reaches (the use case's SETTINGS say what it
+    # measured): only a broken step can fail them.
     parameters = {"data_root": data_root, "serving_root": serving_root, "train_steps": 200,
-                  "min_auc": 0.7, "min_accuracy": 0.6}  # fmt: skip
+                  **settings.run_bars}  # fmt: skip
     with ContainerRuntime(engine, _store_port(), tmp_path) as runtime:
-        run = _backend(bucket, tmp_path, runtime).run(spec, platform, parameters)
+        run = _backend(bucket, tmp_path, runtime, config).run(spec, platform, parameters)
 
     assert {t.state for t in run.tasks.values()} == {"executed"}
     executed = {figure["task"] for figure in runtime.figures}
     assert executed == set(run.tasks)  # every task ran in a container, once
-    versions = pushed_versions(serving_model_dir(serving_root, "taxi-tips"))
+    versions = pushed_versions(model_dir)
     assert list(versions) == [1]
-    assert registry.served_version(serving_model_dir(serving_root, "taxi-tips"), "taxi-tips") == 1
+    assert registry.served_version(model_dir, config.model_name) == 1
     rows = serving.read_rows(storage.list_files(data_root + "/span-0/*.csv")[0], 50)
-    assert len(serving.predict(versions[1], rows, USE_CASE)) == 50
+    assert len(serving.predict(versions[1], rows, served)) == 50
     # The step's log comes from inside its container: the image's paths, not the host's.
     log = storage.read_bytes(run.outputs("trainer")["executor-logs"]["uri"]).decode()
     assert "/opt/venv/lib/python3.10" in log or "components.steps.trainer" in log
@@ -151,7 +161,7 @@ def test_compiled_spec_runs_each_task_in_its_own_container_and_pushes(
         assert 0 < (figure["peak_memory_bytes"] or 0) < figure["memory_limit_bytes"], figure
     FIGURES_PATH.parent.mkdir(parents=True, exist_ok=True)
     FIGURES_PATH.write_text(json.dumps({
-        "image": image, "image_bytes": engine.image_size(image),
+        "use_case": name, "image": image, "image_bytes": engine.image_size(image),
         "build_seconds": build_seconds, "steps": runtime.figures,
     }, indent=2))  # fmt: skip
 
@@ -168,7 +178,8 @@ def test_a_step_that_cannot_start_or_run_fails_its_task_naming_the_cause(
     step_image, object_store, tmp_path, breakage, cause
 ):
     engine, _, _ = step_image
-    spec, platform = _spec_for_this_machine()
+    config = _config_for_this_machine(PipelineConfig.load(environ={}).use_case)
+    spec, platform = kubeflow_runner.compile_documents(config)
     first = kfp_harness._topological(spec["root"]["dag"]["tasks"])[0]
     label = spec["components"][spec["root"]["dag"]["tasks"][first]["componentRef"]["name"]]
     container = spec["deploymentSpec"]["executors"][label["executorLabel"]]["container"]
@@ -180,7 +191,7 @@ def test_a_step_that_cannot_start_or_run_fails_its_task_naming_the_cause(
         container["resources"]["memoryLimit"] = 0.05
     bucket = object_store.new_bucket("broken")
     data.write_span(f"s3://{bucket}/data", 0, 500)
-    backend = _backend(bucket, tmp_path, None)
+    backend = _backend(bucket, tmp_path, None, config)
     backend.images["registry.example.com/no-such-image:1"] = REPO_ROOT / "kubeflow" / "Dockerfile"
     with ContainerRuntime(engine, _store_port(), tmp_path) as runtime:
         backend.containers = runtime

@@ -1,4 +1,9 @@
-"""The compiled Kubeflow spec: in sync, shaped for open-source KFP, and proven by running it."""
+"""The compiled Kubeflow spec: in sync, shaped for open-source KFP, and proven by running it.
+
+The tests of a spec take `documents`: each shipped use case's committed spec in turn (IDs
+`[<name>]`), beside its config (`spec_config`); the runs write spans with that use case's
+generator and take its bars from its test settings (tests/use_cases/<name>/fixtures.py).
+"""
 
 from __future__ import annotations
 
@@ -26,16 +31,25 @@ from components.base.config import (
 from components.base.registry import complete_versions as pushed_versions
 from components.base.registry import versions_dir as serving_model_dir
 from components.steps.evaluation import ROC_THRESHOLDS, VERDICT_FILE
-from components.use_cases.taxi import USE_CASE
 from pipelines import data
 from pipelines.kubeflow import kubeflow_runner
 from pipelines.serving import samples as serving
 from tests.stand_ins import kfp_harness
+from tests.use_cases import kit
+
+
+@pytest.fixture(scope="module", params=use_case.shipped())
+def spec_config(request) -> PipelineConfig:
+    """Each shipped use case's config as a user of it gets it (its defaults), which its
+    committed spec is compiled with."""
+    return PipelineConfig.load({"use_case": request.param}, environ={})
 
 
 @pytest.fixture(scope="module")
-def documents() -> tuple[dict, dict]:
-    return kubeflow_runner.load_documents()
+def documents(spec_config) -> tuple[dict, dict]:
+    """The use case's committed spec (kubeflow/pipeline-<name>.yaml, what `make submit` sends),
+    which test_committed_spec_matches_the_pipeline_definition keeps equal to its compile."""
+    return kubeflow_runner.load_documents(spec_path(spec_config.use_case))
 
 
 @pytest.mark.parametrize("name", use_case.shipped())
@@ -51,7 +65,7 @@ def test_each_spec_file_is_a_shipped_use_case():
     assert committed == {spec_path(name).name for name in use_case.shipped()}
 
 
-def test_spec_loads_strictly_and_has_nothing_open_source_kfp_rejects(documents):
+def test_spec_loads_strictly_and_has_nothing_open_source_kfp_rejects(documents, spec_config):
     spec, _ = documents
     kfp_harness.load_strictly(spec)
     kfp_harness.check_supported(spec, parameter_values={})  # every parameter has a default
@@ -59,24 +73,21 @@ def test_spec_loads_strictly_and_has_nothing_open_source_kfp_rejects(documents):
     defaults = {
         n: p["defaultValue"] for n, p in spec["root"]["inputDefinitions"]["parameters"].items()
     }
-    assert (
-        defaults["span"] == -1
-        and defaults["train_steps"] == PipelineConfig.load(environ={}).train_steps
-    )
+    assert defaults["span"] == -1 and defaults["train_steps"] == spec_config.train_steps
     tasks = spec["root"]["dag"]["tasks"]
     for step in kubeflow_runner.UNCACHED_STEPS:
         assert tasks[kubeflow_runner.task_name(step)]["cachingOptions"] == {"enableCache": False}
     assert tasks["trainer"]["cachingOptions"] == {"enableCache": True}
-    assert json.loads(defaults["beam_args"]) == list(PipelineConfig.load(environ={}).beam_args)
+    assert json.loads(defaults["beam_args"]) == list(spec_config.beam_args)
     for task in spec["root"]["dag"]["tasks"].values():
         assert task["inputs"]["parameters"]["beam_args"] == {"componentInputParameter": "beam_args"}
     for executor in spec["deploymentSpec"]["executors"].values():
         assert not any(a.startswith("--direct_") for a in executor["container"]["args"])
 
 
-def test_trainer_requests_a_gpu_and_every_step_has_limits_and_pinned_images(documents):
+def test_trainer_requests_a_gpu_and_every_step_has_limits_and_pinned_images(documents, spec_config):
     spec, _ = documents
-    config = PipelineConfig.load(environ={})
+    config = spec_config
     for label, executor in spec["deploymentSpec"]["executors"].items():
         container = executor["container"]
         assert container["command"] == kubeflow_runner.ENTRYPOINT
@@ -166,9 +177,8 @@ def _throttled(check, seconds: float = 1.0):
     return throttled
 
 
-def _backend(bucket: str, work_dir) -> kfp_harness.Backend:
+def _backend(bucket: str, work_dir, config: PipelineConfig) -> kfp_harness.Backend:
     """KFP 2.5 in namespace `kubeflow`: the compiled images' Dockerfiles, the credentials Secret."""
-    config = PipelineConfig.load(environ={})
     return kfp_harness.Backend(
         pipeline_root=f"s3://{bucket}/pipeline_root",
         images={
@@ -181,28 +191,29 @@ def _backend(bucket: str, work_dir) -> kfp_harness.Backend:
 
 
 def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_blessed_model(
-    documents, object_store, tmp_path
+    documents, spec_config, object_store, tmp_path
 ):
+    config, case = spec_config, spec_config.use_case
+    settings, served = kit.of(case).settings, use_case.load(case)
     bucket = object_store.new_bucket("kfp")
     data_root, serving_root = f"s3://{bucket}/data", f"s3://{bucket}/serving"
-    data.write_span(data_root, 0, 3000)
+    model_dir = serving_model_dir(serving_root, config.model_name)
+    data.write_span(data_root, 0, settings.span_rows, use_case=case)
     # What a user would set in the run's form; everything else keeps its compiled default.
     parameters = {
         "data_root": data_root,
         "serving_root": serving_root,
         "train_steps": 300,
         "epochs": 3,  # a backup per epoch: preempted after 1, killed after 2, done after 3
-        # Far below what this training reaches: AUC 0.895-0.904, accuracy 0.844-0.865 over 5
-        # runs of the same data and settings with the local runner (a resumed training clears
-        # the same bound as an uninterrupted one, tests/training/test_training.py), so only a broken
-        # step can fail the first run's gate.
-        "min_auc": 0.7,
-        "min_accuracy": 0.6,
+        # Far below what this training reaches (the use case's SETTINGS say what it measured; a
+        # resumed training clears the same bound as an uninterrupted one,
+        # tests/training/test_training.py), so only a broken step can fail the first run's gate.
+        **settings.run_bars,
     }
-    backend = _backend(bucket, tmp_path)
+    backend = _backend(bucket, tmp_path, config)
     # The Trainer's node is preempted once its first epoch is backed up: Argo does not retry a
     # deleted pod, so the run fails. Its backup, keyed by content, stays on the pipeline root.
-    backups = f"s3://{bucket}/pipeline_root/taxi-tips/_checkpoints/*/chief/checkpoint"
+    backups = f"s3://{bucket}/pipeline_root/{config.pipeline_name}/_checkpoints/*/chief/checkpoint"
     left = {}
 
     def first_backup() -> bool:
@@ -238,16 +249,19 @@ def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_bles
     assert examples["metadata"]["span"] == 0 and examples["uri"].startswith(first.run_root)
     assert storage.list_files(first.outputs("transform")["transform_graph"]["uri"] + "/**")
     assert storage.read_bytes(first.outputs("trainer")["executor-logs"]["uri"])  # the step's log
-    versions = pushed_versions(serving_model_dir(serving_root, "taxi-tips"))
+    versions = pushed_versions(model_dir)
     assert list(versions) == [1]
     assert "Pushed: version 1" in _check_run_report(backend, first, pushed_version=1)
-    assert registry.served_version(serving_model_dir(serving_root, "taxi-tips"), "taxi-tips") == 1
+    assert registry.served_version(model_dir, config.model_name) == 1
     rows = serving.read_rows(storage.list_files(data_root + "/span-0/*.csv")[0], 200)
-    probabilities = np.array(serving.predict(versions[1], rows, USE_CASE))
+    probabilities = np.array(serving.predict(versions[1], rows, served))
     assert ((probabilities >= 0) & (probabilities <= 1)).all()
-    labels = np.array([int(r["big_tipper"]) for r in rows])
-    # Measured on these rows: 0.51-0.54 apart over 5 runs; an untrained model's are about 0.
-    assert probabilities[labels == 1].mean() > probabilities[labels == 0].mean() + 0.2
+    labels = np.array([int(r[served.label_key]) for r in rows])
+    # The use case's SETTINGS say what its models measured on these rows; an untrained model's
+    # are about 0 apart.
+    assert probabilities[labels == 1].mean() > probabilities[labels == 0].mean() + (
+        settings.separation
+    )
 
     # A scheduled run with no new span: select-spans finds the span's fingerprint in the
     # registry, the driver evaluates every other task's triggerPolicy to false (the first of
@@ -260,17 +274,17 @@ def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_bles
     assert set(states.values()) == {"skipped", "omitted"} and states["pusher"] == "omitted"
     decision = second.outputs("select-spans")["decision"]["metadata"]
     assert decision["train"] == 0 and "no new data since span 0" in decision["reason"]
-    assert list(pushed_versions(serving_model_dir(serving_root, "taxi-tips"))) == [1]
+    assert list(pushed_versions(model_dir)) == [1]
 
     # The first run's artifacts are deleted (a lifecycle rule on the pipeline root), a new span
-    # lands, and the pipeline runs with a bar no model reaches (min_auc=0.99: an oracle that
-    # knew each row's logit, noise included, ranks this data at AUC 0.91). Nothing may be
-    # served from KFP's cache that points at the deleted files (every conditioned task reads
-    # this run's own decision artifact, so no cache key can repeat): every step runs, the
-    # Evaluator compares with the served version 1, refuses, and nothing is pushed.
+    # lands, and the pipeline runs with a bar no model reaches (the use case's unreachable_auc:
+    # its SETTINGS say why). Nothing may be served from KFP's cache that points at the deleted
+    # files (every conditioned task reads this run's own decision artifact, so no cache key can
+    # repeat): every step runs, the Evaluator compares with the served version 1, refuses, and
+    # nothing is pushed.
     assert backend.expire(first) > 0
-    data.write_span(data_root, 1, 3000)
-    third = backend.run(*documents, dict(parameters, min_auc=0.99))
+    data.write_span(data_root, 1, settings.span_rows, use_case=case)
+    third = backend.run(*documents, dict(parameters, min_auc=settings.unreachable_auc))
     assert {name: t.state for name, t in third.tasks.items()} == {
         name: "executed" for name in first.tasks
     }
@@ -281,7 +295,7 @@ def test_compiled_spec_on_kfp_2_5_trains_on_new_data_only_and_pushes_only_a_bles
     assert third.outputs("pusher")["pushed_model"]["metadata"]["pushed"] == 0
     page = _check_run_report(backend, third, pushed_version=0)
     assert "Not pushed: not blessed" in page and "auc" in page
-    assert list(pushed_versions(serving_model_dir(serving_root, "taxi-tips"))) == [1]
+    assert list(pushed_versions(model_dir)) == [1]
 
 
 def _check_run_report(backend, run, pushed_version: int) -> str:
@@ -379,7 +393,7 @@ def test_harness_evaluates_trigger_conditions_as_the_2_5_driver_does():
 
 
 def test_a_run_parameter_breaking_a_rule_stops_the_step_that_receives_it(
-    documents, object_store, tmp_path
+    documents, spec_config, object_store, tmp_path
 ):
     """A run from the UI or a schedule never passes through the CLI's checks: the step itself
     refuses the value, naming it, before reading anything. (Cut down to the step involved.)"""
@@ -387,17 +401,17 @@ def test_a_run_parameter_breaking_a_rule_stops_the_step_that_receives_it(
     tasks = spec["root"]["dag"]["tasks"]
     spec["root"]["dag"]["tasks"] = {"select-spans": tasks["select-spans"]}
     bucket = object_store.new_bucket("kfp-rule")
-    data.write_span(f"s3://{bucket}/data", 0, 100)
-    backend = _backend(bucket, tmp_path)
+    data.write_span(f"s3://{bucket}/data", 0, 100, use_case=spec_config.use_case)
+    backend = _backend(bucket, tmp_path, spec_config)
     with pytest.raises(kfp_harness.TaskFailed, match="invalid run parameter: span must be -1"):
         backend.run(spec, documents[1], {"data_root": f"s3://{bucket}/data", "span": -2})
 
 
-def test_trainer_task_carries_the_retry_policy_argo_needs(documents):
+def test_trainer_task_carries_the_retry_policy_argo_needs(documents, spec_config):
     spec, _ = documents
     tasks = spec["root"]["dag"]["tasks"]
     policy = tasks["trainer"]["retryPolicy"]
-    assert policy == {"maxRetryCount": PipelineConfig.load(environ={}).trainer_retries,
+    assert policy == {"maxRetryCount": spec_config.trainer_retries,
                       "backoffDuration": "30s", "backoffFactor": 2}  # fmt: skip
     assert "backoffMaxDuration" not in policy  # Argo would count it from the first attempt
     assert [name for name, task in tasks.items() if "retryPolicy" in task] == ["trainer"]

@@ -1,5 +1,6 @@
 """`tkp serve` follows the model config file without a restart: a push, a rollback and a broken
-version while requests flow; and `tkp serve` / `tkp serving-sync` as a user runs them."""
+version while requests flow; and `tkp serve` / `tkp serving-sync` as a user runs them. The tests
+with a model run once per shipped use case, on the session's model of it (`use_case_model`)."""
 
 import socket
 import threading
@@ -13,7 +14,7 @@ from components.base import registry, storage
 from pipelines.serving.model_server import ModelManager
 from pipelines.serving.serve import start_in_thread
 from pipelines.serving.serving_client import ServingClient
-from tests.pipelines.serving.test_serve import MODEL, frame_rows, push
+from tests.pipelines.serving.test_serve import frame_rows, push
 
 
 def wait_until(condition, what: str, timeout: float = 90) -> None:
@@ -50,34 +51,35 @@ class Traffic:
 
 
 def test_push_rollback_and_a_broken_version_while_requests_flow(
-    object_store, trained, to_examples, tmp_path
+    object_store, use_case_model, tmp_path
 ):
-    fn_args, eval_frame = trained
-    folder = f"s3://{object_store.new_bucket('reload')}/serving/{MODEL}"
-    examples = to_examples(eval_frame.head(16), with_label=False)
-    push(folder, fn_args.serving_model_dir, 1, examples)
+    fn_args, eval_frame = use_case_model.fn_args, use_case_model.eval_frame
+    model = use_case_model.model_name
+    folder = f"s3://{object_store.new_bucket('reload')}/serving/{model}"
+    examples = use_case_model.to_examples(eval_frame.head(16), with_label=False)
+    push(folder, model, fn_args.serving_model_dir, 1, examples)
     cache = tmp_path / "cache"
-    manager = ModelManager(MODEL, folder, cache, poll_seconds=0.3)
+    manager = ModelManager(model, folder, cache, poll_seconds=0.3)
     said: list[str] = []
     manager.on_change = said.append
     manager.poll()
     manager.start()
     server = start_in_thread(manager)
-    client = ServingClient(server.url, MODEL)
+    client = ServingClient(server.url, model, use_case=use_case_model.name)
     traffic = Traffic(client, frame_rows(eval_frame.head(4)))
     try:
         wait_until(lambda: traffic.answered > 5, "the first answers")
 
-        push(folder, fn_args.serving_model_dir, 2, examples)  # what the Pusher does
+        push(folder, model, fn_args.serving_model_dir, 2, examples)  # what the Pusher does
         wait_until(lambda: client.serving_version() == 2, "version 2 to serve")
         assert (2, "LOADING") in traffic.states  # answered by version 1 meanwhile
-        registry.rollback(folder, MODEL)  # `tkp rollback`
+        registry.rollback(folder, model)  # `tkp rollback`
         wait_until(lambda: client.serving_version() == 1, "the rollback to version 1")
 
         # A version whose saved_model.pb is garbage: never loaded, version 1 keeps serving.
         storage.copy_tree(f"{folder}/1", f"{folder}/3")
         storage.write_bytes(f"{folder}/3/saved_model.pb", b"not a SavedModel")
-        registry.serve(folder, MODEL, 3, why="test: a corrupted push")
+        registry.serve(folder, model, 3, why="test: a corrupted push")
         wait_until(lambda: any(s.startswith("Version 3 failed") for s in said), "the failure")
         answered = traffic.answered
         wait_until(lambda: traffic.answered > answered + 3, "answers after the failure")
@@ -87,7 +89,7 @@ def test_push_rollback_and_a_broken_version_while_requests_flow(
         manager.stop()
 
     assert traffic.failures == []
-    statuses = {int(s["version"]): s for s in client_status(manager)}
+    statuses = {int(s["version"]): s for s in client_status(manager, model)}
     assert statuses[1]["state"] == "AVAILABLE" and statuses[2]["state"] == "END"
     assert statuses[3]["state"] == "END" and statuses[3]["status"]["error_code"] != "OK"
     assert statuses[3]["status"]["error_message"]
@@ -96,9 +98,9 @@ def test_push_rollback_and_a_broken_version_while_requests_flow(
     local = model_server_config_pb2.ModelServerConfig()
     text_format.Parse((cache / "models.config").read_text(), local)
     (entry,) = local.model_config_list.config
-    assert entry.base_path == str(cache / MODEL)
+    assert entry.base_path == str(cache / model)
     assert list(entry.model_version_policy.specific.versions) == [3]
-    assert sorted(p.name for p in (cache / MODEL).iterdir()) == ["1", "2", "3"]
+    assert sorted(p.name for p in (cache / model).iterdir()) == ["1", "2", "3"]
 
 
 def free_port() -> int:
@@ -108,34 +110,37 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def client_status(manager: ModelManager) -> list[dict]:
-    return manager.status(MODEL, None)["model_version_status"]
+def client_status(manager: ModelManager, model: str) -> list[dict]:
+    return manager.status(model, None)["model_version_status"]
 
 
 def test_serve_and_serving_sync_from_the_command_line(
-    object_store, trained, to_examples, tmp_path, cli_in_background
+    object_store, use_case_model, tmp_path, cli_in_background
 ):
     from tests.pipelines.cli_process import run
 
-    fn_args, eval_frame = trained
+    fn_args, eval_frame = use_case_model.fn_args, use_case_model.eval_frame
+    model = use_case_model.model_name
     bucket = object_store.new_bucket("serve-cli")
-    folder = f"s3://{bucket}/serving/{MODEL}"
-    push(folder, fn_args.serving_model_dir, 1, to_examples(eval_frame.head(4), with_label=False))
-    env = dict(AWS_ENDPOINT_URL_S3=object_store.endpoint,
+    folder = f"s3://{bucket}/serving/{model}"
+    push(folder, model, fn_args.serving_model_dir, 1,
+         use_case_model.to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
+    # The use case's config, as a user of it sets it (its model name is a default of it).
+    env = dict(AWS_ENDPOINT_URL_S3=object_store.endpoint, PIPELINE_USE_CASE=use_case_model.name,
                PIPELINE_SERVING_ROOT=f"s3://{bucket}/serving")  # fmt: skip
 
     synced = run(tmp_path, "serving-sync", "--target", str(tmp_path / "models"), "--once", **env)
     assert synced.returncode == 0, synced.stderr
     assert "version 1 serves; copied [1]" in synced.stdout
-    assert (tmp_path / "models" / MODEL / "1" / "saved_model.pb").exists()
-    assert f"base_path: \"{tmp_path / 'models' / MODEL}\"" in (
+    assert (tmp_path / "models" / model / "1" / "saved_model.pb").exists()
+    assert f"base_path: \"{tmp_path / 'models' / model}\"" in (
         tmp_path / "models" / "models.config").read_text()  # fmt: skip
 
     port = free_port()
     server = cli_in_background("serve", "--port", str(port), "--poll-seconds", "0.5", **env)
     server.wait_for("Version 1 serves")
     server.wait_for("TF Serving REST API at")
-    client = ServingClient(f"http://127.0.0.1:{port}", MODEL)
+    client = ServingClient(f"http://127.0.0.1:{port}", model, use_case=use_case_model.name)
     assert len(client.predict_examples(frame_rows(eval_frame.head(3)))) == 3
     registry.write_record(folder, 1, {})
     storage.write_bytes(f"{folder}/{registry.MODEL_CONFIG_FILE}", b"not a config {")
@@ -162,17 +167,18 @@ def test_a_copy_made_from_another_store_is_not_served_as_this_ones(object_store,
     from pipelines.serving import serving_sync
 
     target = tmp_path / "cache"
+    model = "a-model"  # any name: no model is loaded
     for name in ("a", "b"):
-        folder = f"s3://{object_store.new_bucket(name)}/serving/{MODEL}"
+        folder = f"s3://{object_store.new_bucket(name)}/serving/{model}"
         storage.write_bytes(f"{folder}/1/variables/variables.index", name.encode())
         storage.write_bytes(f"{folder}/1/saved_model.pb", f"model {name}".encode())
-        result = serving_sync.sync_once(folder, MODEL, target)
+        result = serving_sync.sync_once(folder, model, target)
         assert result.copied == [1] and result.served == 1
-        assert (target / MODEL / "1" / "saved_model.pb").read_text() == f"model {name}"
+        assert (target / model / "1" / "saved_model.pb").read_text() == f"model {name}"
 
 
 def test_bench_serving_measures_the_server_next_to_the_saved_model(
-    object_store, trained, to_examples, tmp_path, monkeypatch
+    object_store, use_case_model, tmp_path, monkeypatch
 ):
     """A small run of `tkp bench-serving`'s measurement: `tkp serve` as its own process, the
     SavedModel in this one, each batch size at 1 and at N requests in flight."""
@@ -180,14 +186,15 @@ def test_bench_serving_measures_the_server_next_to_the_saved_model(
     from pipelines import data
     from pipelines.bench import bench_serving
 
-    fn_args, eval_frame = trained
+    fn_args, eval_frame = use_case_model.fn_args, use_case_model.eval_frame
     bucket = object_store.new_bucket("bench")
     config = PipelineConfig.load(
-        {"serving_root": f"s3://{bucket}/serving", "data_root": f"s3://{bucket}/data"}, environ={}
-    )
-    push(config.serving_model_dir, fn_args.serving_model_dir, 1,
-         to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
-    data.write_span(config.data_root, 0, 50)
+        {"use_case": use_case_model.name, "serving_root": f"s3://{bucket}/serving",
+         "data_root": f"s3://{bucket}/data"}, environ={},
+    )  # fmt: skip
+    push(config.serving_model_dir, config.model_name, fn_args.serving_model_dir, 1,
+         use_case_model.to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
+    data.write_span(config.data_root, 0, 50, use_case=use_case_model.name)
     monkeypatch.setenv("PIPELINE_WORK_DIR", str(tmp_path))  # the server's log
     said: list[str] = []
 
