@@ -35,12 +35,13 @@ def test_each_change_the_served_model_cannot_parse_is_named():
     ]
 
 
-def test_the_trained_model_carries_its_contract(trained, serving_feature_spec):
+def test_the_trained_model_carries_its_contract(use_case_model):
     """The export writes what its serving signatures parse: the SERVING features, required
     exactly where the spec is FixedLen."""
-    fn_args, _ = trained
-    contract = json.loads(open(f"{fn_args.serving_model_dir}/{INPUT_CONTRACT_PATH}").read())
-    assert set(contract) == set(serving_feature_spec)
-    for key, spec in serving_feature_spec.items():
-        shape = list(spec.shape) if hasattr(spec, "shape") else None
-        assert contract[key] == {"dtype": spec.dtype.name, "shape": shape}, key
+    spec = use_case_model.kit.serving_feature_spec
+    path = f"{use_case_model.fn_args.serving_model_dir}/{INPUT_CONTRACT_PATH}"
+    contract = json.loads(open(path).read())
+    assert set(contract) == set(spec)
+    for key, feature in spec.items():
+        shape = list(feature.shape) if hasattr(feature, "shape") else None
+        assert contract[key] == {"dtype": feature.dtype.name, "shape": shape}, key
