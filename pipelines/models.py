@@ -89,7 +89,14 @@ def show_version(config: PipelineConfig, version: int) -> str:
     state = _state(version, complete, set(storage.numbered_children(folder)), served)
     lines = [f"Version {version} ({state}) of {config.model_name!r} in {folder}"]
     lines.append(json.dumps(records[version], indent=2, sort_keys=True))
-    lineage = " <- ".join(f"v{v}" for v in registry.lineage(folder, version)) + " <- (first model)"
+    chain = registry.lineage(folder, version)
+    oldest = records.get(chain[-1]) or {}
+    start = "(first model)"
+    if oldest.get("not_compared"):  # a new lineage: the version it replaced could not score it
+        start = (
+            f"(not compared with v{oldest.get('replaced_version')}, which could not read its data)"
+        )
+    lineage = " <- ".join(f"v{v}" for v in chain) + f" <- {start}"
     lines.append(f"Lineage (each beat the one after it): {lineage}")
     return "\n".join(lines)
 

@@ -184,7 +184,7 @@ def format_summary(summary: RunSummary) -> str:
         f"version {summary.baseline_version}" if summary.baseline_version else "none (first model)"
     )
     if summary.not_compared:
-        baseline = summary.not_compared
+        lines.append(f"Not compared with the served model: {summary.not_compared}")
     elif summary.auc_change is not None and overall.get("auc") is not None:
         # TFMA reports the difference on the same eval data; the served model's AUC follows.
         served_auc = overall["auc"] - summary.auc_change
@@ -192,7 +192,8 @@ def format_summary(summary: RunSummary) -> str:
             f": AUC {served_auc:.4f} on this eval data, candidate {overall['auc']:.4f} "
             f"(change {summary.auc_change:+.4f})"
         )
-    lines.append(f"Compared with the served model: {baseline}")
+    if not summary.not_compared:
+        lines.append(f"Compared with the served model: {baseline}")
     if summary.blessed is not None:
         lines.append(f"Blessed: {'yes' if summary.blessed else 'NO'}")
     lines.extend(f"  failed threshold: {failure}" for failure in summary.validation_failures)

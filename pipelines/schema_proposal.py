@@ -127,8 +127,14 @@ def merge(curated: Schema, statistics: Statistics) -> tuple[Schema, list[str], l
         stats = seen.get(feature.name)
         if stats is not None and _common(stats).num_non_missing:  # else flagged by propose
             found = _retype(feature, stats) + _widen(feature, stats)
-            found += _grow(feature, stats, proposal, notes) + _relax(feature, stats, rows)
-            changes += [f"{feature.name}: {line}" for line in found]
+            found += _grow(feature, stats, proposal, notes)
+            required = feature.HasField("shape")  # FixedLen where Transform reads it
+            relaxed = _relax(feature, stats, rows)
+            if required and not feature.HasField("shape"):
+                notes.append(f"{feature.name}: models trained before require it; a run whose "
+                             "eval rows lack it cannot compare its model with the served one "
+                             "and judges it on the thresholds alone")  # fmt: skip
+            changes += [f"{feature.name}: {line}" for line in found + relaxed]
     inferred = tfdv.infer_schema(statistics)
     for new in inferred.feature:
         if new.name in {f.name for f in curated.feature}:

@@ -138,7 +138,10 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
         ]
         # A served model that cannot parse this eval data (the schema made a column it requires
         # optional, or changed its type) would fail TFMA's whole batch: it is not compared.
-        not_compared = not_comparable(baselines[0], input_dict["model"][0]) if baselines else None
+        not_compared = None
+        if baselines:
+            candidate, examples = input_dict["model"][0], input_dict["examples"][0]
+            not_compared = not_comparable(baselines[0], candidate, examples)
         if not_compared:
             baselines = []
         if baselines:
@@ -174,25 +177,32 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
         storage.write_bytes(storage.join(blessing.uri, VERDICT_FILE), json.dumps(verdict).encode())
 
 
-def not_comparable(baseline, model) -> str | None:
-    """Why the served model `baseline` cannot score the data the candidate `model` was validated
-    on, from the input contracts their exports wrote; None when it can, or when a model predates
-    the contract (it is compared as before)."""
-    from components.training.export import INPUT_CONTRACT_PATH, contract_gaps
+def not_comparable(baseline, model, examples) -> str | None:
+    """Why the served model `baseline` cannot score this run's eval rows (`examples`' eval
+    split), or None when it can. The input contracts the two exports wrote say whether it might
+    not (components/training/input_contract.py); only then are the rows read, each checked as
+    the served model's parser would. A model exported before contracts existed is compared as
+    before."""
+    from components.steps.warmup import eval_rows
+    from components.training import input_contract
 
     contracts = []
     for artifact in (baseline, model):
-        path = storage.join(path_utils.serving_model_path(artifact.uri), INPUT_CONTRACT_PATH)
+        path = path_utils.serving_model_path(artifact.uri)
+        path = storage.join(path, input_contract.INPUT_CONTRACT_PATH)
         if not storage.list_files(path):
             return None
         contracts.append(json.loads(storage.read_bytes(path)))
-    gaps = contract_gaps(*contracts)
-    if not gaps:
+    if not input_contract.may_refuse(*contracts):
+        return None
+    seen, refused = input_contract.refused_rows(contracts[0], eval_rows(examples.uri))
+    if not refused:
         return None
     version = baseline.get_int_custom_property(BASELINE_VERSION_KEY)
+    reasons = "; ".join(f"{count} {why}" for why, count in refused.most_common(3))
     return (
-        f"served version {version} cannot read this run's data ({'; '.join(gaps)}): not "
-        "compared, judged on the thresholds alone; the next run compares with this model"
+        f"served version {version} cannot parse {sum(refused.values())} of {seen} eval rows "
+        f"({reasons}): judged on the thresholds alone; the next run compares with this model"
     )
 
 

@@ -183,6 +183,8 @@ class VersionedPusherExecutor(pusher_executor.Executor):
                 else baseline_version
             ),  # fmt: skip
             "not_compared": verdict.get("not_compared"),
+            # What served when this version was pushed, compared with it or not.
+            "replaced_version": None if baseline_version == NO_BASELINE else baseline_version,
             "auc_change": verdict["auc_change"],
             QUALITY_KEY: verdict[QUALITY_KEY],
             "code_version": code_version(),

@@ -9,9 +9,11 @@ example, then a batch), :classify, :regress, and :predict on raw feature values.
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import tempfile
+from collections.abc import Iterator
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -37,19 +39,29 @@ class WarmupError(ActionableError, ValueError):
     """The warm-up requests cannot be built; nothing is pushed."""
 
 
-def _first_records(path: str, limit: int) -> list[bytes]:
-    """The first `limit` records of a TFRecord file (gzip by its name, as ExampleGen writes
-    them), streamed: only the start of the shard is read, whatever its size."""
-    records = []
+def _records(path: str) -> Iterator[bytes]:
+    """The records of a TFRecord file (gzip by its name, as ExampleGen writes them), streamed:
+    a reader that stops early reads only the start of the shard, whatever its size."""
     with storage.open_stream(path) as stream:
-        while len(records) < limit:
+        while True:
             header = stream.read(12)  # length (uint64 LE) and its CRC
             if len(header) < 12:
-                break
+                return
             (length,) = struct.unpack("<Q", header[:8])
-            records.append(stream.read(length))
+            yield stream.read(length)
             stream.read(4)  # the data's CRC
-    return records
+
+
+def _first_records(path: str, limit: int) -> list[bytes]:
+    """The first `limit` records of a TFRecord file."""
+    return list(itertools.islice(_records(path), max(limit, 0)))
+
+
+def eval_rows(examples_uri: str) -> Iterator[tf.train.Example]:
+    """Every row of ExampleGen's eval split, streamed."""
+    for path in sorted(storage.list_files(storage.join(examples_uri, "Split-eval", "*"))):
+        for record in _records(path):
+            yield tf.train.Example.FromString(record)
 
 
 def eval_examples(examples_uri: str, label_key: str, limit: int = BATCH) -> list[tf.train.Example]:

@@ -6,12 +6,13 @@ every signature, so a client sends raw features and training and serving cannot 
 
 from __future__ import annotations
 
-import json
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf  # noqa: E402
+
+from components.training import input_contract  # noqa: E402
 
 # Signatures of the exported SavedModel, as TF Serving's REST API reaches them:
 # - SERVING_SIGNATURE takes serialized raw tf.Examples ("examples") and returns {"outputs":
@@ -29,11 +30,6 @@ REGRESS_SIGNATURE = "regress"
 RAW_SIGNATURE = "raw_features"
 TRANSFORM_SIGNATURE = "transform_features"
 CLASS_LABELS = ("0", "1")
-# What the serving signatures parse, beside the model (TF Serving ignores the file): a later
-# Evaluator reads it to tell whether this model, once served, can score data that a changed
-# schema admits (components/steps/evaluation.py). {feature: {"dtype", "shape"}}, shape null for
-# an optional (VarLen) feature.
-INPUT_CONTRACT_PATH = "assets.extra/raw_features.json"
 
 
 def export(
@@ -97,33 +93,4 @@ def export(
         TRANSFORM_SIGNATURE: transform_features,
     }
     model.save(serving_model_dir, save_format="tf", signatures=signatures)
-    contract = {
-        key: {"dtype": spec.dtype.name,
-              "shape": list(spec.shape) if isinstance(spec, tf.io.FixedLenFeature) else None}
-        for key, spec in sorted(serving_spec.items())
-    }  # fmt: skip
-    path = os.path.join(serving_model_dir, INPUT_CONTRACT_PATH)
-    tf.io.gfile.makedirs(os.path.dirname(path))
-    with tf.io.gfile.GFile(path, "w") as file:
-        file.write(json.dumps(contract, indent=1))
-
-
-def contract_gaps(served: dict, candidate: dict) -> list[str]:
-    """Why a model with input contract `served` cannot parse every example that the schema
-    behind `candidate` admits (empty when it can): a feature it requires that may now be
-    missing, or one whose type or shape changed. tf.io.parse_example fails the whole batch on
-    any of these, so TFMA could not compare the two models."""
-    gaps = []
-    for key, was in sorted(served.items()):
-        now = candidate.get(key)
-        if now is None:
-            if was["shape"] is not None:
-                gaps.append(f"it requires {key!r}, which the schema no longer has")
-        elif now["dtype"] != was["dtype"]:
-            gaps.append(f"it reads {key!r} as {was['dtype']}, the schema now as {now['dtype']}")
-        elif was["shape"] is not None and now["shape"] is None:
-            gaps.append(f"it requires {key!r}, which the schema now lets be missing")
-        elif was["shape"] is not None and now["shape"] != was["shape"]:
-            gaps.append(f"it reads {key!r} with shape {was['shape']}, the schema now "
-                        f"{now['shape']}")  # fmt: skip
-    return gaps
+    input_contract.write(serving_spec, serving_model_dir)

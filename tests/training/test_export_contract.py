@@ -1,47 +1,136 @@
-"""The input contract an export writes beside the model, and what the Evaluator reads from two
-of them: whether the served model can parse every example the candidate's schema admits.
-tf.io.parse_example (what every serving signature runs) fails a batch on a missing FixedLen
-feature or a type it does not expect; a VarLen feature may be absent or empty."""
+"""The input contract an export writes beside the model (components/training/input_contract.py),
+and the rules the Evaluator applies with it: which rows a served model's parser refuses, checked
+row by row against TensorFlow's own `tf.io.parse_example`, the call every serving signature makes
+(components/training/export.py)."""
 
 import json
 
-from components.training.export import INPUT_CONTRACT_PATH, contract_gaps
+import pytest
+import tensorflow as tf
 
-REQUIRED_FLOAT = {"dtype": "float32", "shape": [1]}
-OPTIONAL_FLOAT = {"dtype": "float32", "shape": None}
-REQUIRED_TEXT = {"dtype": "string", "shape": [1]}
+from components.training import input_contract
 
-
-def test_the_same_or_a_stricter_schema_leaves_the_models_comparable():
-    served = {"charge": REQUIRED_FLOAT, "note": OPTIONAL_FLOAT}
-    assert contract_gaps(served, served) == []
-    # Required now where it was optional, a column added, an optional one dropped: every
-    # example the new schema admits still parses with the served model's spec.
-    stricter = {"charge": REQUIRED_FLOAT, "note": REQUIRED_FLOAT, "plan": REQUIRED_TEXT}
-    assert contract_gaps(served, stricter) == []
-    assert contract_gaps(served, {"charge": REQUIRED_FLOAT}) == []
+FLOAT_REQUIRED = {"dtype": "float32", "shape": [1], "required": True}
+FLOAT_DEFAULTED = {"dtype": "float32", "shape": [1], "required": False}
+FLOAT_OPTIONAL = {"dtype": "float32", "shape": None, "required": False}
+TEXT_REQUIRED = {"dtype": "string", "shape": [1], "required": True}
+PAIR_REQUIRED = {"dtype": "int64", "shape": [2], "required": True}
+CONTRACT = {"charge": FLOAT_REQUIRED, "discount": FLOAT_DEFAULTED, "note": FLOAT_OPTIONAL,
+            "plan": TEXT_REQUIRED, "size": PAIR_REQUIRED}  # fmt: skip
 
 
-def test_each_change_the_served_model_cannot_parse_is_named():
-    served = {"charge": REQUIRED_FLOAT, "plan": REQUIRED_TEXT, "tenure": REQUIRED_FLOAT,
-              "size": {"dtype": "int64", "shape": [2]}}  # fmt: skip
-    candidate = {"charge": OPTIONAL_FLOAT, "plan": {"dtype": "int64", "shape": [1]},
-                 "size": {"dtype": "int64", "shape": [3]}}  # fmt: skip
-    assert contract_gaps(served, candidate) == [
-        "it requires 'charge', which the schema now lets be missing",
-        "it reads 'plan' as string, the schema now as int64",
-        "it reads 'size' with shape [2], the schema now [3]",
-        "it requires 'tenure', which the schema no longer has",
-    ]
+def _spec(contract: dict) -> dict:
+    """The feature spec the contract describes, as the export's spec was."""
+    spec = {}
+    for key, entry in contract.items():
+        dtype = tf.as_dtype(entry["dtype"])
+        if entry["shape"] is None:
+            spec[key] = tf.io.VarLenFeature(dtype)
+        else:
+            default = None if entry["required"] else tf.zeros(entry["shape"], dtype)
+            spec[key] = tf.io.FixedLenFeature(entry["shape"], dtype, default_value=default)
+    return spec
+
+
+def _example(**features) -> tf.train.Example:
+    example = tf.train.Example()
+    for key, (kind, values) in features.items():
+        getattr(example.features.feature[key], kind).value.extend(values)
+    return example
+
+
+COMPLETE = dict(charge=("float_list", [9.5]), discount=("float_list", [1.0]),
+                note=("float_list", [2.0]), plan=("bytes_list", [b"pro"]),
+                size=("int64_list", [3, 4]))  # fmt: skip
+
+
+def _without(key: str) -> dict:
+    return {k: v for k, v in COMPLETE.items() if k != key}
+
+
+ROWS = {
+    "complete": (COMPLETE, None),
+    "no optional": (_without("note"), None),
+    "no defaulted": (_without("discount"), None),
+    # A default fills in an absent feature, not an empty value list.
+    "empty defaulted": (
+        {**COMPLETE, "discount": ("float_list", [])},
+        "hold no value of 'discount', which it reads as 1",
+    ),  # fmt: skip
+    "empty optional": ({**COMPLETE, "note": ("float_list", [])}, None),
+    "no required": (_without("charge"), "lack 'charge', which it requires"),
+    "empty required": (
+        {**COMPLETE, "charge": ("float_list", [])},
+        "lack 'charge', which it requires",
+    ),  # fmt: skip
+    "int for float": (
+        {**COMPLETE, "charge": ("int64_list", [9])},
+        "hold 'charge' as int64_list, which it reads as float32",
+    ),  # fmt: skip
+    "text for optional float": (
+        {**COMPLETE, "note": ("bytes_list", [b"x"])},
+        "hold 'note' as bytes_list, which it reads as float32",
+    ),  # fmt: skip
+    "two for one": (
+        {**COMPLETE, "charge": ("float_list", [1.0, 2.0])},
+        "hold 2 values of 'charge', which it reads as 1",
+    ),  # fmt: skip
+    "one for two": (
+        {**COMPLETE, "size": ("int64_list", [3])},
+        "hold 1 values of 'size', which it reads as 2",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_a_row_is_refused_exactly_when_tensorflows_parser_refuses_it(row):
+    features, expected = ROWS[row]
+    example = _example(**features)
+    try:
+        tf.io.parse_example([example.SerializeToString()], _spec(CONTRACT))
+        parsed = True
+    except (tf.errors.InvalidArgumentError, ValueError):
+        parsed = False
+    assert parsed == (expected is None), "the stated rule disagrees with TensorFlow"
+    assert input_contract.refusal(CONTRACT, example) == expected
+
+
+def test_rows_are_read_only_when_the_contracts_say_some_may_be_refused():
+    same = dict(CONTRACT)
+    assert not input_contract.may_refuse(CONTRACT, same)
+    # Stricter or wider (required where it was optional, a new column, an optional one
+    # dropped): every row the new schema admits still parses for the served model.
+    stricter = {**CONTRACT, "note": FLOAT_REQUIRED, "extra": TEXT_REQUIRED}
+    assert not input_contract.may_refuse(CONTRACT, stricter)
+    assert not input_contract.may_refuse(CONTRACT, {k: v for k, v in CONTRACT.items()
+                                                    if k != "note"})  # fmt: skip
+    for changed in (
+        {**CONTRACT, "charge": FLOAT_OPTIONAL},  # made optional
+        {**CONTRACT, "charge": FLOAT_DEFAULTED},  # a default now fills it in
+        {**CONTRACT, "plan": {**TEXT_REQUIRED, "dtype": "int64"}},  # retyped
+        {**CONTRACT, "size": {**PAIR_REQUIRED, "shape": [3]}},  # resized
+        {**CONTRACT, "discount": FLOAT_OPTIONAL},  # may now hold an empty list
+        {k: v for k, v in CONTRACT.items() if k != "charge"},  # dropped
+    ):
+        assert input_contract.may_refuse(CONTRACT, changed), changed
+    seen, refused = input_contract.refused_rows(
+        CONTRACT, [_example(**COMPLETE), _example(**_without("charge")),
+                   _example(**_without("charge"))]
+    )  # fmt: skip
+    assert seen == 3 and refused == {"lack 'charge', which it requires": 2}
 
 
 def test_the_trained_model_carries_its_contract(use_case_model):
     """The export writes what its serving signatures parse: the SERVING features, required
-    exactly where the spec is FixedLen."""
+    exactly where the spec is FixedLen without a default."""
     spec = use_case_model.kit.serving_feature_spec
-    path = f"{use_case_model.fn_args.serving_model_dir}/{INPUT_CONTRACT_PATH}"
+    path = f"{use_case_model.fn_args.serving_model_dir}/{input_contract.INPUT_CONTRACT_PATH}"
     contract = json.loads(open(path).read())
     assert set(contract) == set(spec)
     for key, feature in spec.items():
-        shape = list(feature.shape) if hasattr(feature, "shape") else None
-        assert contract[key] == {"dtype": feature.dtype.name, "shape": shape}, key
+        fixed = isinstance(feature, tf.io.FixedLenFeature)
+        assert contract[key] == {
+            "dtype": feature.dtype.name,
+            "shape": list(feature.shape) if fixed else None,
+            "required": fixed and feature.default_value is None,
+        }, key
