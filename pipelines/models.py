@@ -93,9 +93,8 @@ def show_version(config: PipelineConfig, version: int) -> str:
     oldest = records.get(chain[-1]) or {}
     start = "(first model)"
     if oldest.get("not_compared"):  # a new lineage: the version it replaced could not score it
-        start = (
-            f"(not compared with v{oldest.get('replaced_version')}, which could not read its data)"
-        )
+        replaced = oldest.get("replaced_version", "?")
+        start = f"(not compared with v{replaced}, which could not read its data)"
     lineage = " <- ".join(f"v{v}" for v in chain) + f" <- {start}"
     lines.append(f"Lineage (each beat the one after it): {lineage}")
     return "\n".join(lines)

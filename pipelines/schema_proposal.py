@@ -126,8 +126,12 @@ def merge(curated: Schema, statistics: Statistics) -> tuple[Schema, list[str], l
     for feature in proposal.feature:
         stats = seen.get(feature.name)
         if stats is not None and _common(stats).num_non_missing:  # else flagged by propose
-            found = _retype(feature, stats) + _widen(feature, stats)
-            found += _grow(feature, stats, proposal, notes)
+            retyped = _retype(feature, stats)
+            if retyped:
+                notes.append(f"{feature.name}: models trained before read it as another type; "
+                             "the next run cannot compare its model with the served one and "
+                             "judges it on the thresholds alone")  # fmt: skip
+            found = retyped + _widen(feature, stats) + _grow(feature, stats, proposal, notes)
             required = feature.HasField("shape")  # FixedLen where Transform reads it
             relaxed = _relax(feature, stats, rows)
             if required and not feature.HasField("shape"):

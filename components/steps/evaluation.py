@@ -137,7 +137,7 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
             if b.get_int_custom_property(BASELINE_VERSION_KEY) != NO_BASELINE
         ]
         # A served model that cannot parse this eval data (the schema made a column it requires
-        # optional, or changed its type) would fail TFMA's whole batch: it is not compared.
+        # optional, or changed its type) would fail TFMA's evaluation: it is not compared.
         not_compared = None
         if baselines:
             candidate, examples = input_dict["model"][0], input_dict["examples"][0]

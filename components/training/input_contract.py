@@ -2,8 +2,9 @@
 served model can read the rows a later run evaluates on.
 
 TFMA scores the served model (the baseline) through its `serving_default` signature on the new
-eval split: one `tf.io.parse_example` over each batch, which fails the whole batch on a row that
-lacks a feature it requires, holds another type, or another number of values. After a schema
+eval split: `tf.io.parse_example` over each batch (TFMA retries a failed batch row by row, then
+fails the job), which refuses a row that lacks a feature it requires, holds another type, or
+another number of values. After a schema
 change (a column made optional by `tkp schema propose`, a type changed) the served model may be
 unable to read the new data; the Evaluator (components/steps/evaluation.py) then evaluates the
 candidate alone and says why, instead of crashing in TFMA.
@@ -53,16 +54,15 @@ def may_refuse(served: Mapping[str, dict], candidate: Mapping[str, dict]) -> boo
     When not, the validated data parse for both, and no row needs to be looked at."""
     for key, was in served.items():
         now = candidate.get(key)
-        if now is None:
-            if was["required"]:
-                return True
+        if now is None:  # dropped or deprecated: no longer validated, rows may hold anything
+            return True
         elif now["dtype"] != was["dtype"]:
             return True
         elif was["shape"] is None:
             continue  # VarLen: any number of values parses
         elif now["shape"] is None or _size(now) != _size(was):
             return True  # rows may hold no value (refused even with a default) or another count
-        elif was["required"] and not now["required"]:
+        elif _required(was) and not _required(now):
             return True  # rows may lack it
     return False
 
@@ -80,7 +80,7 @@ def refusal(contract: Mapping[str, dict], example) -> str | None:
             return f"hold {key!r} as {kind}, which it reads as {want['dtype']}"
         if want["shape"] is None:
             continue
-        if count == 0 and want["required"]:
+        if count == 0 and _required(want):
             return f"lack {key!r}, which it requires"
         if count == 0 and kind is not None:  # a default fills in an absent value, not an empty list
             return f"hold no value of {key!r}, which it reads as {_size(want)}"
@@ -98,6 +98,12 @@ def refused_rows(contract: Mapping[str, dict], examples: Iterable) -> tuple[int,
         if why:
             refused[why] += 1
     return seen, refused
+
+
+def _required(entry: Mapping[str, Any]) -> bool:
+    # Contracts written before "required" existed: tf.Transform's FixedLen features then had
+    # no default value (schema_utils), so FixedLen meant required.
+    return entry.get("required", entry["shape"] is not None)
 
 
 def _size(entry: Mapping[str, Any]) -> int:

@@ -9,7 +9,8 @@ TFDV: what the user reads, what lands in the schema file, and what the validator
   writes a schema that keeps the curated comparators and finds none; a second run has nothing to
   change.
 - A required column with empty cells becomes optional (value_count 0..1, no shape), which
-  Transform then reads as a VarLen feature.
+  Transform then reads as a VarLen feature; a column ExampleGen now types differently is
+  retyped. Both warn that the next run may not be compared with the served model.
 - Unseen values that min_domain_mass tolerates, and a column the span lacks, are reported but
   change nothing.
 - A span that does not exist, is incomplete or holds no CSV file: SpanSelection's own error.
@@ -193,6 +194,22 @@ def test_a_required_column_with_empty_cells_becomes_optional(tmp_path, taxi):
     spec = schema_utils.schema_as_feature_spec(written).feature_spec
     assert isinstance(spec["fare"], tf.io.VarLenFeature)  # optional where Transform reads it
     assert isinstance(spec["trip_miles"], tf.io.FixedLenFeature)
+
+
+def test_a_retyped_column_is_named_with_what_it_means_for_the_next_run(tmp_path, taxi):
+    root = tmp_path / "data"
+    frame = _trips(300)
+    frame["trip_seconds"] = frame["trip_seconds"] + 0.5  # ExampleGen now infers FLOAT
+    _write_span(root, 4, frame)
+    printed: list[str] = []
+
+    assert propose(_config(root), 4, out=printed.append, use_case=taxi) == 0
+
+    changes = [line for line in printed if line.startswith("  trip_seconds: ")]
+    assert changes[0].startswith("  trip_seconds: type INT -> FLOAT"), printed
+    assert ("  trip_seconds: models trained before read it as another type; the next run cannot "
+            "compare its model with the served one and judges it on the thresholds alone"
+            ) in printed  # fmt: skip
 
 
 def test_tolerated_values_and_lacking_columns_change_nothing(tmp_path, taxi):

@@ -15,8 +15,9 @@ FLOAT_DEFAULTED = {"dtype": "float32", "shape": [1], "required": False}
 FLOAT_OPTIONAL = {"dtype": "float32", "shape": None, "required": False}
 TEXT_REQUIRED = {"dtype": "string", "shape": [1], "required": True}
 PAIR_REQUIRED = {"dtype": "int64", "shape": [2], "required": True}
+GRID_REQUIRED = {"dtype": "int64", "shape": [2, 2], "required": True}
 CONTRACT = {"charge": FLOAT_REQUIRED, "discount": FLOAT_DEFAULTED, "note": FLOAT_OPTIONAL,
-            "plan": TEXT_REQUIRED, "size": PAIR_REQUIRED}  # fmt: skip
+            "plan": TEXT_REQUIRED, "size": PAIR_REQUIRED, "grid": GRID_REQUIRED}  # fmt: skip
 
 
 def _spec(contract: dict) -> dict:
@@ -35,13 +36,15 @@ def _spec(contract: dict) -> dict:
 def _example(**features) -> tf.train.Example:
     example = tf.train.Example()
     for key, (kind, values) in features.items():
-        getattr(example.features.feature[key], kind).value.extend(values)
+        feature = example.features.feature[key]  # present; with kind None, no value list
+        if kind is not None:
+            getattr(feature, kind).value.extend(values)
     return example
 
 
 COMPLETE = dict(charge=("float_list", [9.5]), discount=("float_list", [1.0]),
                 note=("float_list", [2.0]), plan=("bytes_list", [b"pro"]),
-                size=("int64_list", [3, 4]))  # fmt: skip
+                size=("int64_list", [3, 4]), grid=("int64_list", [1, 2, 3, 4]))  # fmt: skip
 
 
 def _without(key: str) -> dict:
@@ -79,6 +82,20 @@ ROWS = {
         {**COMPLETE, "size": ("int64_list", [3])},
         "hold 1 values of 'size', which it reads as 2",
     ),  # fmt: skip
+    "three for a 2x2 grid": (
+        {**COMPLETE, "grid": ("int64_list", [1, 2, 3])},
+        "hold 3 values of 'grid', which it reads as 4",
+    ),  # fmt: skip
+    "two plans": (
+        {**COMPLETE, "plan": ("bytes_list", [b"pro", b"plus"])},
+        "hold 2 values of 'plan', which it reads as 1",
+    ),  # fmt: skip
+    # A feature present with no value list set counts as absent.
+    "required without kind": (
+        {**COMPLETE, "charge": (None, [])},
+        "lack 'charge', which it requires",
+    ),  # fmt: skip
+    "defaulted without kind": ({**COMPLETE, "discount": (None, [])}, None),
 }
 
 
@@ -98,12 +115,14 @@ def test_a_row_is_refused_exactly_when_tensorflows_parser_refuses_it(row):
 def test_rows_are_read_only_when_the_contracts_say_some_may_be_refused():
     same = dict(CONTRACT)
     assert not input_contract.may_refuse(CONTRACT, same)
-    # Stricter or wider (required where it was optional, a new column, an optional one
-    # dropped): every row the new schema admits still parses for the served model.
+    # Stricter (required where it was optional, a new column): every row the new schema
+    # admits still parses for the served model.
     stricter = {**CONTRACT, "note": FLOAT_REQUIRED, "extra": TEXT_REQUIRED}
     assert not input_contract.may_refuse(CONTRACT, stricter)
-    assert not input_contract.may_refuse(CONTRACT, {k: v for k, v in CONTRACT.items()
-                                                    if k != "note"})  # fmt: skip
+    # A contract written before "required" existed: FixedLen meant required.
+    old = {k: {"dtype": v["dtype"], "shape": v["shape"]} for k, v in stricter.items()}
+    assert not input_contract.may_refuse(old, {**stricter, "discount": FLOAT_REQUIRED})
+    assert input_contract.may_refuse(old, {**stricter, "charge": FLOAT_DEFAULTED})
     for changed in (
         {**CONTRACT, "charge": FLOAT_OPTIONAL},  # made optional
         {**CONTRACT, "charge": FLOAT_DEFAULTED},  # a default now fills it in
@@ -111,6 +130,7 @@ def test_rows_are_read_only_when_the_contracts_say_some_may_be_refused():
         {**CONTRACT, "size": {**PAIR_REQUIRED, "shape": [3]}},  # resized
         {**CONTRACT, "discount": FLOAT_OPTIONAL},  # may now hold an empty list
         {k: v for k, v in CONTRACT.items() if k != "charge"},  # dropped
+        {k: v for k, v in CONTRACT.items() if k != "note"},  # dropped: no longer validated
     ):
         assert input_contract.may_refuse(CONTRACT, changed), changed
     seen, refused = input_contract.refused_rows(
