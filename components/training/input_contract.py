@@ -4,10 +4,10 @@ served model can read the rows a later run evaluates on.
 TFMA scores the served model (the baseline) through its `serving_default` signature on the new
 eval split: `tf.io.parse_example` over each batch (TFMA retries a failed batch row by row, then
 fails the job), which refuses a row that lacks a feature it requires, holds another type, or
-another number of values. After a schema
-change (a column made optional by `tkp schema propose`, a type changed) the served model may be
-unable to read the new data; the Evaluator (components/steps/evaluation.py) then evaluates the
-candidate alone and says why, instead of crashing in TFMA.
+another number of values. After a schema change (a column made optional by `tkp schema
+propose`, a type changed) the served model may be unable to read the new data; the Evaluator
+(components/steps/evaluation.py) then evaluates the candidate alone and says why, instead of
+crashing in TFMA.
 
 The contract is {feature: {"dtype", "shape", "required"}}: shape null for a VarLen feature,
 `required` for a FixedLen one without a default value (tf.Transform gives a schema feature with
