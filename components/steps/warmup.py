@@ -9,6 +9,7 @@ example, then a batch), :classify, :regress, and :predict on raw feature values.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import struct
@@ -52,11 +53,6 @@ def _records(path: str) -> Iterator[bytes]:
             stream.read(4)  # the data's CRC
 
 
-def _first_records(path: str, limit: int) -> list[bytes]:
-    """The first `limit` records of a TFRecord file."""
-    return list(itertools.islice(_records(path), max(limit, 0)))
-
-
 def eval_rows(examples_uri: str) -> Iterator[tf.train.Example]:
     """Every row of ExampleGen's eval split, streamed."""
     for path in sorted(storage.list_files(storage.join(examples_uri, "Split-eval", "*"))):
@@ -67,14 +63,11 @@ def eval_rows(examples_uri: str) -> Iterator[tf.train.Example]:
 def eval_examples(examples_uri: str, label_key: str, limit: int = BATCH) -> list[tf.train.Example]:
     """The first `limit` rows of ExampleGen's eval split, without the label `label_key` (a
     serving request has none)."""
-    rows: list[tf.train.Example] = []
-    for path in sorted(storage.list_files(storage.join(examples_uri, "Split-eval", "*"))):
-        for record in _first_records(path, limit - len(rows)):
-            example = tf.train.Example.FromString(record)
-            del example.features.feature[label_key]
-            rows.append(example)
-        if len(rows) >= limit:
-            break
+    # Closed at once: the shard being read is left as soon as `limit` rows are in.
+    with contextlib.closing(eval_rows(examples_uri)) as all_rows:
+        rows = list(itertools.islice(all_rows, max(limit, 0)))
+    for example in rows:
+        del example.features.feature[label_key]
     if not rows:
         raise WarmupError(
             f"no eval rows under {examples_uri}/Split-eval to build TF Serving's warm-up "
