@@ -13,11 +13,12 @@ import pytest  # noqa: E402
 from components.base import use_case  # noqa: E402
 from components.base.object_store import EmbeddedObjectStore  # noqa: E402
 from tests.pipelines.retraining_loop import loop  # noqa: E402, F401  (shared fixtures)
+from tests.use_cases.kit import fixtures_module  # noqa: E402
 
 # The generic use case fixtures, then each shipped use case's own (one module each).
 pytest_plugins = [
     "tests.use_cases.kit",
-    *(f"tests.use_cases.{name}.fixtures" for name in use_case.shipped()),
+    *(fixtures_module(name) for name in use_case.shipped()),
 ]
 
 

@@ -115,10 +115,8 @@ def _backend(
 def _config_for_this_machine(name: str) -> PipelineConfig:
     """Use case `name`'s config (its defaults) for a cluster without GPUs: the Trainer on the
     CPU image."""
-    config = PipelineConfig.load({"use_case": name}, environ={})
-    return PipelineConfig.load(
-        {"use_case": name, "gpu_count": "0", "gpu_image": config.cpu_image}, environ={}
-    )
+    use_case_kit = kit.of(name)
+    return use_case_kit.config(gpu_count="0", gpu_image=use_case_kit.config().cpu_image)
 
 
 def _store_port() -> int:

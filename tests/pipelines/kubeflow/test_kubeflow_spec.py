@@ -42,7 +42,7 @@ from tests.use_cases import kit
 def spec_config(request) -> PipelineConfig:
     """Each shipped use case's config as a user of it gets it (its defaults), which its
     committed spec is compiled with."""
-    return PipelineConfig.load({"use_case": request.param}, environ={})
+    return kit.of(request.param).config()
 
 
 @pytest.fixture(scope="module")
