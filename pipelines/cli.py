@@ -40,10 +40,13 @@ from components.base.errors import ActionableError, actionable_cause  # noqa: E4
 
 
 def cmd_run(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines.local import embedded_store, local_runner
+    from pipelines.local import embedded_store, local_runner, run_lock
 
     started = time.monotonic()
-    with embedded_store.object_store(config, keep=args.keep_store):
+    with (
+        run_lock.exclusive_run(args_line()),
+        embedded_store.object_store(config, keep=args.keep_store),
+    ):
         local_runner.ensure_data(config)
         unchanged = local_runner.nothing_new(config)
         if unchanged:  # the pipeline would skip every step: say so without loading TFX
@@ -137,10 +140,11 @@ def cmd_serve(args: argparse.Namespace, config: PipelineConfig) -> int:
     cache = (
         Path(args.cache_dir) if args.cache_dir else serve.cache_dir_for(WORK_DIR, config.model_name)
     )
-    with embedded_store.object_store(config):
+    with embedded_store.object_store(config) as store:
         manager = ModelManager(
             config.model_name, config.serving_model_dir, cache, args.poll_seconds
         )
+        manager.follower = embedded_store.StoreFollower(store, console.say, manager.keeps)
         serve.serve_forever(manager, args.host, args.port, int(args.max_request_mb * 2**20),
                             console.say)  # fmt: skip
     return 0
@@ -239,6 +243,7 @@ def cmd_bench_serving(args: argparse.Namespace, config: PipelineConfig) -> int:
 def cmd_store(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines.local import embedded_store
 
+    store = None
     try:
         with embedded_store.object_store(config) as store:
             if store.kind == "reused":
@@ -254,14 +259,17 @@ def cmd_store(args: argparse.Namespace, config: PipelineConfig) -> int:
                     else "Nothing to start: no data_root, serving_root or pipeline_root is s3://."
                 )
                 return 1
-            console.say(f"Object store at {store.endpoint}; Ctrl-C stops it. For other shells:")
+            console.say(f"Object store at {store.endpoint}; it runs while this command or any "
+                        "other uses it (Ctrl-C ends this one). For other shells:")  # fmt: skip
             # SeaweedFS without an IAM config accepts any key: never echo the user's own.
             console.say(f"  export AWS_ENDPOINT_URL_S3={store.endpoint} AWS_ACCESS_KEY_ID=any "
                         "AWS_SECRET_ACCESS_KEY=any AWS_REGION=us-east-1")  # fmt: skip
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
-        console.say("Object store stopped.")
+        if store is not None and store.embedded is not None:
+            if store.embedded.outcome == "stopped":
+                console.say("Object store stopped.")
         return 0
 
 
@@ -345,7 +353,7 @@ def cmd_watch(args: argparse.Namespace, config: PipelineConfig) -> int:
 
     package = args.package or str(spec_path(config.use_case))
     return watch.main(config, interval, args.once, args.endpoint, package, args.experiment,
-                      args.log_path)  # fmt: skip
+                      args.log_path, args_line())  # fmt: skip
 
 
 def _port(text: str) -> int:
@@ -594,6 +602,11 @@ def _report(error: Exception, log, log_path: Path) -> int:
     log.write("".join(traceback.format_exception(error)))
     log.flush()
     cause = actionable_cause(error)
+    if not isinstance(cause, ActionableError):
+        from components.base import storage
+
+        if storage.unreachable(error):  # e.g. inside a Beam pipeline, which re-raises its own
+            cause = storage.store_error("a call to the object store failed", error)
     if isinstance(cause, ActionableError):
         console.error(f"\nerror: {cause}")
         console.error(f"The full log is in {log_path}.")

@@ -26,6 +26,11 @@ States, and the decisions behind them:
   nobody serves. Run an older span explicitly (`run --set span=N`, `submit --param span=N`).
 - Several new spans in one poll (after an outage) each get a run, oldest first: local runs one
   after another, KFP runs are submitted in that order and then run side by side.
+- A local run needs the work folder's run lock (pipelines/local/run_lock.py): while another run
+  holds it (a `make run` in another terminal), a new span waits, said once, and runs at the
+  first poll after that run has ended; nothing is recorded for it meanwhile.
+- The store going away between polls is said once, and watch follows the work folder's store
+  again (pipelines/local/embedded_store.StoreFollower).
 
 One watcher per data root and serving root is assumed: the records are not a lock (the
 CronJob's `concurrencyPolicy: Forbid` keeps its polls from overlapping).
@@ -33,6 +38,7 @@ CronJob's `concurrencyPolicy: Forbid` keeps its polls from overlapping).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -44,6 +50,8 @@ from pathlib import Path
 from components.base import console, registry, spans, storage
 from components.base.config import PipelineConfig
 from components.base.errors import ActionableError
+
+_BUSY = "RunBusy"  # pipelines.local.run_lock's error, matched by name: KFP watchers never load it
 
 STARTED, TRIGGERED, FAILED, PRESENT = "started", "triggered", "failed", "present-before-watch"
 _RECORD = re.compile(r"span-(\d+)\.json$")
@@ -81,6 +89,7 @@ class Watcher:
         self.running: int | None = None  # the span whose trigger is under way (for Ctrl-C)
         self._records: dict[str, dict] = {}  # by path: each record is read once per watcher
         self._last_line = ""
+        self._waiting = ""  # why new spans wait (another run holds the work folder), said once
 
     def record_path(self, span: int) -> str:
         return storage.join(self.records_dir, f"span-{span}.json")
@@ -117,9 +126,9 @@ class Watcher:
             console.say(f"poll {self.polls}: {line}")
             self._last_line = line
         result = Poll(complete, new)
-        if new and self.ready:
-            self.ready()  # raises before any record is written: the next poll tries again
         for span in new:
+            if self.ready and not self._ready(span):
+                break
             self._write(span, STARTED)
             self.running = span
             try:
@@ -137,6 +146,22 @@ class Watcher:
             self._write(span, TRIGGERED, run=result.triggered[span])
             console.say(f"span {span}: triggered ({self.how}): {result.triggered[span]}")
         return result
+
+    def _ready(self, span: int) -> bool:
+        """Calls `ready` before the span's first record: its errors end the poll with nothing
+        recorded, so the next poll tries again; another local run holding the work folder makes
+        the span wait (False), said once."""
+        try:
+            self.ready()
+        except ActionableError as error:
+            if type(error).__name__ != _BUSY:
+                raise
+            if str(error) != self._waiting:
+                console.say(f"span {span} waits: {error} It runs at the first poll after that.")
+                self._waiting = str(error)
+            return False
+        self._waiting = ""
+        return True
 
     def _read_records(self) -> dict[int, dict]:
         """The records by span; a deleted record is forgotten, so its span runs again."""
@@ -176,23 +201,35 @@ class Watcher:
         self._records[path] = record
 
 
-def local_trigger(config: PipelineConfig, log_path: Path | None) -> Trigger:
-    """Runs the pipeline here, one span at a time (a run takes minutes; polling waits)."""
+def local_trigger(
+    config: PipelineConfig, log_path: Path | None, command: str
+) -> tuple[Trigger, Callable[[], None]]:
+    """Runs the pipeline here, one span at a time (a run takes minutes; polling waits). `ready`
+    takes the work folder's run lock (RunBusy when another run holds it); the trigger gives it
+    back when its run ends."""
+    from pipelines.local import run_lock
+
+    held = contextlib.ExitStack()
+
+    def ready() -> None:
+        held.close()
+        held.enter_context(run_lock.exclusive_run(command))
 
     def trigger(span: int) -> str:
         from pipelines.local import local_runner
         from pipelines.run_summary import format_summary
 
-        console.say(
-            f"Running pipeline {config.pipeline_name!r} on span {span} "
-            f"(full log: {log_path}) ..."
-        )
-        summary = local_runner.run_pipeline(dataclasses.replace(config, span=span), log_path)
+        with held:
+            console.say(
+                f"Running pipeline {config.pipeline_name!r} on span {span} "
+                f"(full log: {log_path}) ..."
+            )
+            summary = local_runner.run_pipeline(dataclasses.replace(config, span=span), log_path)
         console.say(format_summary(summary))
         gate = {True: "blessed", False: "not blessed", None: "not evaluated"}[summary.blessed]
         return f"{gate}, {summary.pushed_path or 'nothing pushed'}"
 
-    return trigger
+    return trigger, ready
 
 
 def kfp_trigger(
@@ -216,10 +253,12 @@ def kfp_trigger(
     return trigger, ready
 
 
-def run(watcher: Watcher, interval: int, once: bool, sleep=time.sleep) -> int:
+def run(watcher: Watcher, interval: int, once: bool, sleep=time.sleep, follower=None) -> int:
     """Polls until stopped (`once`: a single poll). Exit code: 1 when a trigger of the last poll
     failed. The first poll's errors end the command (a wrong root or endpoint shows at once);
-    later ones are reported and the next poll tries again, so a blip does not stop a watcher."""
+    later ones are reported and the next poll tries again, so a blip does not stop a watcher.
+    `follower` (embedded_store.StoreFollower) handles a store that stopped answering: it says so
+    once, and the poll is tried again at once when it has found or started the folder's store."""
     console.say(
         f"Watching {watcher.data_root} (marker {watcher.marker or 'none'}) "
         + ("once" if once else f"every {interval} s; Ctrl-C stops")
@@ -228,11 +267,16 @@ def run(watcher: Watcher, interval: int, once: bool, sleep=time.sleep) -> int:
     try:
         while True:
             try:
-                result = watcher.poll()
+                result = _poll(watcher, follower)
             except ActionableError as error:
-                if once or watcher.polls == 1:
+                if follower is not None and follower.lost:
+                    pass  # said once by the follower; the next poll tries again
+                elif once or watcher.polls == 1:
                     raise
-                console.error(f"poll {watcher.polls} failed: {error}; next poll in {interval} s.")
+                else:
+                    console.error(
+                        f"poll {watcher.polls} failed: {error}; next poll in {interval} s."
+                    )
             else:
                 if once:
                     return 1 if result.failed else 0
@@ -249,6 +293,19 @@ def run(watcher: Watcher, interval: int, once: bool, sleep=time.sleep) -> int:
         return 130
 
 
+def _poll(watcher: Watcher, follower) -> Poll:
+    """One poll; once more at once when the follower has just found the store again."""
+    try:
+        result = watcher.poll()
+    except ActionableError as error:
+        if follower is None or not follower.failed(error):
+            raise
+        result = watcher.poll()
+    if follower is not None:
+        follower.answered()
+    return result
+
+
 def main(
     config: PipelineConfig,
     interval: int,
@@ -257,6 +314,7 @@ def main(
     package: str,
     experiment: str,
     log_path: Path | None,
+    command: str = "tkp watch",
 ) -> int:
     """`watch` as the CLI calls it: KFP when `endpoint` is given, else local runs inside the
     object store (the embedded one is started when none is configured)."""
@@ -265,5 +323,7 @@ def main(
         return run(Watcher(config, trigger, f"kfp {endpoint}", ready), interval, once)
     from pipelines.local import embedded_store
 
-    with embedded_store.object_store(config):
-        return run(Watcher(config, local_trigger(config, log_path), "local"), interval, once)
+    with embedded_store.object_store(config) as store:
+        trigger, ready = local_trigger(config, log_path, command)
+        follower = embedded_store.StoreFollower(store, console.say, lambda: "watch keeps polling")
+        return run(Watcher(config, trigger, "local", ready), interval, once, follower=follower)

@@ -6,8 +6,7 @@ the environment instead; nothing here is needed then.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import contextlib
 import fcntl
 import os
 import re
@@ -23,7 +22,9 @@ from pathlib import Path
 import boto3
 from botocore.config import Config as BotoConfig
 
+from components.base import store_supervisor as supervisor
 from components.base.errors import ActionableError
+from components.base.processes import stop_process
 
 S3_ENV_KEYS = ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
 
@@ -98,30 +99,6 @@ def _weed_processes_on(data_dir: Path) -> list[int]:
     return sorted(found)
 
 
-def die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the parent dies, however it dies (even SIGKILL);
-    not SIGTERM, whose graceful shutdown takes SeaweedFS 15-20 s (see stop())."""
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def stop_process(process: subprocess.Popen, grace_seconds: float) -> None:
-    """SIGTERM, then SIGKILL if it has not exited after `grace_seconds`; nothing if it ended."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-_PR_SET_PDEATHSIG = 1
-try:  # loaded in the parent: the child, between fork and exec, must only call it
-    _PRCTL = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux: signals still end in stop(), SIGKILL cannot
-    _PRCTL = None
-
-
 def _error_line(log_text: str) -> str:
     """SeaweedFS's own reason from its log: the last fatal or error line (glog format), else the
     last line."""
@@ -131,58 +108,80 @@ def _error_line(log_text: str) -> str:
 
 
 class EmbeddedObjectStore:
-    """Runs `weed server` with an S3 gateway on 127.0.0.1; waits until it answers; stops it.
+    """Runs `weed server` with an S3 gateway on 127.0.0.1 while any command uses it.
 
-    Its data lives in `data_dir`, so buckets and objects survive a restart. A pid file in
-    `data_dir` names the running server and its endpoint: a second start on the same folder reuses
-    a live server instead of failing on SeaweedFS's lock. The server dies with the process that
-    started it (stop(), a signal, or a kill), unless it was started `detached` (`--keep-store`).
+    Its data lives in `data_dir`, so buckets and objects survive a restart. start() takes a lease
+    for this process and starts the server, or reuses the live one that the pid file in
+    `data_dir` names; stop() gives the lease back and stops the server if no other command holds
+    one. The server runs under a supervisor (components/base/store_supervisor.py) that stops it
+    when the last lease is gone, also when its holder was SIGKILLed; a store started `detached`
+    (`--keep-store`) outlives its last user until `kill <pid>`.
     SeaweedFS without an IAM config (and without AWS_* variables) accepts any key: the process's
     own credentials are kept, or made up, and handed to the pipeline through the environment.
     """
 
-    PID_FILE = "store.pid"
+    PID_FILE = supervisor.PID_FILE
 
-    def __init__(self, data_dir: Path, log_path: Path | None = None):
+    def __init__(self, data_dir: Path, log_path: Path | None = None, s3_port: int | None = None):
+        """`s3_port`: the S3 endpoint's port when it starts (default: a free one), e.g. to bring a
+        store back where its users look for it."""
+        self.s3_port = s3_port
         self.data_dir = Path(data_dir).resolve()
         self.log_path = log_path or self.data_dir.parent / "seaweedfs.log"
         self.pid_file = self.data_dir / self.PID_FILE
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | None = None  # the supervisor, when this object started it
         self.endpoint = ""
+        self.pid: int | None = None  # the server's
+        self.supervisor_pid: int | None = None
         self.reused_pid: int | None = None  # set when start() found this folder's server running
-        self._ports: tuple[int, ...] = ()
+        self._lease = None  # the open USERS_LOCK, flock-ed shared while this process uses the store
+        self.outcome = ""  # what the last stop() did
 
-    def _recorded(self) -> tuple[int, str] | None:
-        """(pid, endpoint) of the server the pid file names, if it is alive; else None (and a
-        stale pid file is removed)."""
-        recorded = self._read_pid_file()
+    def _recorded(self) -> tuple[int, str, int | None] | None:
+        """(server pid, endpoint, supervisor pid) of the server the pid file names, if it is
+        alive; else None (and a stale pid file is removed)."""
+        recorded = self.read_pid_file()
         if recorded and recorded[0] in _weed_processes_on(self.data_dir):
             return recorded
         self.pid_file.unlink(missing_ok=True)
         return None
 
-    def _read_pid_file(self) -> tuple[int, str] | None:
+    def read_pid_file(self) -> tuple[int, str, int | None] | None:
+        """(server pid, endpoint, supervisor pid or None for an older store) or None."""
         try:
-            pid_text, endpoint = self.pid_file.read_text().split()
-            return int(pid_text), endpoint
-        except (OSError, ValueError):
+            fields = self.pid_file.read_text().split()
+            return int(fields[0]), fields[1], int(fields[2]) if len(fields) > 2 else None
+        except (OSError, ValueError, IndexError):
             return None
 
     def start(self, timeout_s: float = 60.0, detached: bool = False) -> EmbeddedObjectStore:
+        """Takes this process's lease, then reuses the folder's live server or starts one.
+        `detached`: the server outlives its last user (`--keep-store`)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._lease is None:
+            self._lease = open(self.data_dir / supervisor.USERS_LOCK, "a")  # noqa: SIM115
+            fcntl.flock(self._lease, fcntl.LOCK_SH)  # shared: only a stopping supervisor waits
         # Two commands starting at once on one folder: the second waits for the first's store,
         # then reuses it, and never clears the folders of a store that is starting.
-        with open(self.data_dir / ".start.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            return self._start(timeout_s, detached)
+        try:
+            with open(self.data_dir / supervisor.START_LOCK, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self._start(timeout_s)
+                if detached and self.supervisor_pid:
+                    (self.data_dir / supervisor.KEEP_FILE).write_text(f"{self.supervisor_pid}\n")
+        except BaseException:
+            self._release_lease()
+            raise
+        return self
 
-    def _start(self, timeout_s: float, detached: bool) -> EmbeddedObjectStore:
+    def _start(self, timeout_s: float) -> None:
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "local-" + secrets.token_hex(8))
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", secrets.token_hex(16))
         os.environ.setdefault("AWS_REGION", "us-east-1")
+        self.process, self.reused_pid = None, None
         recorded = self._recorded()
         if recorded:
-            pid, endpoint = recorded
+            pid, endpoint, supervisor_pid = recorded
             deadline = time.monotonic() + timeout_s  # it may still be starting
             while True:
                 try:
@@ -195,9 +194,10 @@ class EmbeddedObjectStore:
                             f"{endpoint} ({e}): stop it with `kill {pid}`, then start again."
                         ) from e
                     time.sleep(0.5)
-            self.reused_pid, self.endpoint = pid, endpoint
+            self.reused_pid = self.pid = pid
+            self.endpoint, self.supervisor_pid = endpoint, supervisor_pid
             os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
-            return self
+            return
         others = _weed_processes_on(self.data_dir)
         if others:
             pids = " ".join(map(str, others))
@@ -205,9 +205,11 @@ class EmbeddedObjectStore:
                 f"SeaweedFS (pid {pids}) uses {self.data_dir} but left no pid file (from an older "
                 f"version or another tool): stop it with `kill {pids}`, then start again."
             )
+        (self.data_dir / supervisor.KEEP_FILE).unlink(missing_ok=True)  # a killed store's
         s3_port, master_port, volume_port, filer_port = (_free_port_pair() for _ in range(4))
-        self._ports = (s3_port, master_port, volume_port, filer_port)
+        s3_port = self.s3_port or s3_port
         temp_dir = self._private_folders()
+        endpoint = f"http://127.0.0.1:{s3_port}"
         # Not `-master.peers=none`, which saves 1.1 s of start-up: with it SeaweedFS 4.48 ignores
         # SIGTERM (`kill PID` would not stop a store left running).
         command = [
@@ -221,24 +223,25 @@ class EmbeddedObjectStore:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log_offset = log.tell()
-            # Its own session: a Ctrl-C reaches only this process, whose clean-up stops it.
-            # Without AWS_* in its environment SeaweedFS accepts any key; with them it accepts
-            # only that one, and a reused store would refuse the next command's credentials.
+            # Its own session: a Ctrl-C in the terminal reaches only the command, whose clean-up
+            # gives its lease back. Without AWS_* in its environment SeaweedFS accepts any key;
+            # with them it accepts only that one, and a reused store would refuse the next
+            # command's credentials.
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", supervisor.__name__, str(self.data_dir), endpoint, "--",
+                 *command],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=Path(supervisor.__file__).parents[2],
                 env={**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
                      "TMPDIR": str(temp_dir)},
-                preexec_fn=None if detached or _PRCTL is None else die_with_parent,
             )  # fmt: skip
-        self.endpoint = f"http://127.0.0.1:{s3_port}"
-        self.pid_file.write_text(f"{self.process.pid} {self.endpoint}\n")
+        self.endpoint, self.supervisor_pid = endpoint, self.process.pid
         try:
             self._wait_until_it_answers(timeout_s, log_offset)
         except BaseException:  # an error, Ctrl-C or a signal while it starts: never leave it
-            self.stop()
+            self._stop_supervisor()
             raise
         os.environ["AWS_ENDPOINT_URL_S3"] = self.endpoint
-        return self
 
     def _private_folders(self) -> Path:
         """A fresh temp folder for SeaweedFS's own log files, which it otherwise leaves in the
@@ -263,15 +266,19 @@ class EmbeddedObjectStore:
                 raise StoreError(
                     f"SeaweedFS exited with code {code}: {reason} (its log: {self.log_path})"
                 )
-            try:
-                client.list_buckets()
-                break
-            except Exception as e:  # not answering yet
-                if time.monotonic() > deadline:
-                    raise StoreError(
-                        f"SeaweedFS did not answer within {timeout_s:.0f} s; see {self.log_path}"
-                    ) from e
-                time.sleep(0.1)
+            recorded = self.read_pid_file()
+            if recorded and recorded[2] == self.process.pid:
+                self.pid = recorded[0]
+                try:
+                    client.list_buckets()
+                    return
+                except Exception as e:  # not answering yet
+                    if time.monotonic() > deadline:
+                        raise StoreError(
+                            f"SeaweedFS did not answer within {timeout_s:.0f} s; see "
+                            f"{self.log_path}"
+                        ) from e
+            time.sleep(0.1)
 
     def create_bucket(self, bucket: str) -> None:
         client = s3_client(self.endpoint)
@@ -280,24 +287,52 @@ class EmbeddedObjectStore:
         except client.exceptions.BucketAlreadyOwnedByYou:
             pass
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else self.reused_pid
+    def stop(self) -> str:
+        """Gives this process's lease back and stops the server if no other command holds one
+        and it is not kept. Returns what happened: "stopped", "in use" (by another command) or
+        "kept" (`--keep-store`), or "" when this object held no lease."""
+        if self._lease is None:
+            return ""
+        self._release_lease()
+        with open(self.data_dir / supervisor.START_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.supervisor_pid and supervisor.kept(self.data_dir, self.supervisor_pid):
+                self.outcome = "kept"
+            elif not supervisor.unused(self.data_dir):
+                self.outcome = "in use"
+            else:
+                self._stop_supervisor()
+                self.outcome = "stopped"
+        return self.outcome
 
-    def stop(self) -> None:
-        """Stops the server this object started (a reused one belongs to whoever started it)."""
-        if self.process:
-            # Its graceful shutdown takes 15-20 s (it drains its heartbeats), and the data are
-            # already safe: every acknowledged write is in its files (the page cache outlives a
-            # killed process) and the filer's LevelDB logs each change before it answers. So it
-            # is killed after a short grace, as it always was after the old 5 s one.
-            stop_process(self.process, grace_seconds=0.5)
-            # Its Unix sockets sit in /tmp whatever TMPDIR says, one per server and port.
-            for port in (p + offset for p in self._ports for offset in (0, 10000)):
-                for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
-                    sock.unlink(missing_ok=True)
-        recorded = self._read_pid_file()
-        if self.process and recorded and recorded[0] == self.process.pid:  # not another's file
+    def shutdown(self) -> None:
+        """Stops the server whoever uses it, as `kill <pid>` does; the lease is given back."""
+        self._release_lease()
+        with open(self.data_dir / supervisor.START_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._stop_supervisor()
+
+    def _release_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.close()  # closing the file drops its flock
+            self._lease = None
+
+    def _stop_supervisor(self) -> None:
+        """Stops the supervisor (which stops its server within its grace) and waits until the
+        server is gone. An older store without a supervisor is never stopped from here."""
+        if self.process is not None:  # started here: a child to reap
+            stop_process(self.process, grace_seconds=10)
+        elif self.supervisor_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.supervisor_pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while self.pid and self.pid in _weed_processes_on(self.data_dir):
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+            time.sleep(0.05)
+        recorded = self.read_pid_file()
+        if recorded and recorded[0] == self.pid:  # the supervisor was killed before its clean-up
             self.pid_file.unlink(missing_ok=True)
         self.process = None
 

@@ -55,6 +55,108 @@ def _reuse_boto3_clients() -> None:
 
 _reuse_boto3_clients()
 
+
+def _answerless(error: BaseException) -> BaseException | None:
+    """The error in `error`'s chain that says the store gave no answer at all (connection
+    refused, reset or closed, a timeout), or None when it answered (4xx, 5xx, throttling) or the
+    error is not a store's. Follows `raise ... from`, exceptions raised while handling another
+    (Beam wraps boto3's errors so) and BeamIOError's per-path details."""
+    from botocore.exceptions import ConnectionError as NoConnection
+    from botocore.exceptions import HTTPClientError
+
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, NoConnection | HTTPClientError | ConnectionError | TimeoutError):
+            return current
+        pending += [current.__cause__, current.__context__]
+        details = getattr(current, "exception_details", None)
+        if isinstance(details, dict):
+            pending += [e for e in details.values() if isinstance(e, BaseException)]
+    return None
+
+
+def unreachable(error: BaseException) -> bool:
+    """True when the store did not answer at all (see _answerless)."""
+    return _answerless(error) is not None
+
+
+def short_reason(error: BaseException) -> str:
+    """The line that says why: the answerless cause's, else the error's own first line."""
+    cause = _answerless(error) or error
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+
+
+def _no_long_retries_without_an_answer() -> None:
+    """Beam retries an S3 call 7 times, waiting from 5 s and doubling (about 10 minutes), when
+    boto3 got no answer (its S3ClientError then has no status code): a store that refused
+    connections held the Pusher silent for 527 s. boto3 has retried such a call already, within
+    seconds (legacy mode: 5 attempts), so Beam's retries are kept for answers that ask for them
+    (5xx, throttling, 408), each announced on the console, and dropped for no answer at all. Beam
+    binds a filter where it decorates a method, so each decorated method is decorated again from
+    the function it wraps (functools.wraps keeps it as `__wrapped__`)."""
+    from apache_beam.io.aws import s3io
+    from apache_beam.io.aws.clients.s3 import boto3_client
+    from apache_beam.utils import retry
+
+    if getattr(retry, "_answer_required", False):
+        return
+
+    def unless_answerless(original):
+        def retry_filter(error: BaseException) -> bool:
+            if unreachable(error) or not original(error):
+                return False
+            from components.base import console  # here: storage stays importable on its own
+
+            answer = f"{getattr(error, 'code', '')} {getattr(error, 'message', error)}".strip()
+            console.say(f"  the object store answered {answer}: retrying with Beam's backoff "
+                        "(5 s, doubling; 7 tries)")  # fmt: skip
+            return True
+
+        return retry_filter
+
+    timeout_filter = retry.retry_on_server_errors_and_timeout_filter
+    retry.retry_on_server_errors_and_timeout_filter = unless_answerless(timeout_filter)  # listing
+    decorated = [
+        (s3io.S3IO, ("copy", "delete", "_delete_minibatch", "_s3_object"), timeout_filter),
+        (s3io.S3Downloader, ("_get_object_metadata",), timeout_filter),
+        (boto3_client.Client, ("get_range",), retry.retry_on_server_errors_filter),
+    ]
+    for owner, names, original in decorated:
+        for name in names:
+            function = getattr(getattr(owner, name, None), "__wrapped__", None)
+            if function is not None:
+                redecorate = retry.with_exponential_backoff(
+                    retry_filter=unless_answerless(original)
+                )
+                setattr(owner, name, redecorate(function))
+    retry._answer_required = True
+
+
+_no_long_retries_without_an_answer()
+
+
+def store_error(what: str, error: Exception, hint: str = "") -> StorageError:
+    """The error for a failed store call: one that names the endpoint when the store gave no
+    answer, else `what`, the library's reason and `hint`."""
+    if unreachable(error):
+        reason = short_reason(error)
+        # The address the call went to, as boto3 names it; else the configured one.
+        called = re.search(r"https?://[^/\"' ]+", reason)
+        endpoint = (
+            called.group(0) if called else os.environ.get("AWS_ENDPOINT_URL_S3")
+        ) or "AWS's default S3 endpoint"
+        return StorageError(
+            f"{what}: the object store at {endpoint} does not answer ({reason}). "
+            "Is it running? A local command starts the work folder's embedded store; another "
+            "store is named by AWS_ENDPOINT_URL_S3."
+        )
+    return StorageError(f"{what}: {error}{hint}")
+
+
 _MiB = 1024 * 1024
 # copy_tree streams every file: nothing holds a whole file in memory, and no object goes up in one
 # PUT (S3 caps a single PUT at 5 GB). Through boto3's managed transfer, a file of at least
@@ -105,9 +207,11 @@ def list_file_infos(pattern: str) -> list[FileInfo]:
     try:
         result = FileSystems.match([pattern])[0]
     except Exception as e:  # Beam wraps boto3 errors in several exception types
-        raise StorageError(
-            f"cannot list {pattern}: {e}. Check that the object store is running and that "
-            "AWS_ENDPOINT_URL_S3 / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are set."
+        raise store_error(
+            f"cannot list {pattern}",
+            e,
+            ". Check that the object store is running and that "
+            "AWS_ENDPOINT_URL_S3 / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are set.",
         ) from e
     infos = (
         FileInfo(m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in result.metadata_list
@@ -144,7 +248,7 @@ def content_tags(folder: str) -> dict[str, str]:
             for item in page.get("Contents", []):
                 tags[f"s3://{bucket}/{item['Key']}"] = item["ETag"].strip('"')
     except Exception as e:
-        raise StorageError(f"cannot list {folder}: {e}") from e
+        raise store_error(f"cannot list {folder}", e) from e
     return tags
 
 
@@ -184,12 +288,19 @@ def open_stream(path: str):
     try:
         return FileSystems.open(path, compression_type=CompressionTypes.AUTO)
     except Exception as e:  # Beam wraps boto3 errors in several exception types
-        raise StorageError(f"cannot read {path}: {e}") from e
+        raise store_error(f"cannot read {path}", e) from e
 
 
 def read_bytes(path: str) -> bytes:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
+    """The object's bytes. A missing object raises Beam's error (an OSError), as before; a store
+    that does not answer, a StorageError naming its endpoint."""
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return f.read()
+    except Exception as e:
+        if unreachable(e):
+            raise store_error(f"cannot read {path}", e) from e
+        raise
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -204,7 +315,7 @@ def write_bytes(path: str, data: bytes) -> None:
         try:
             s3_client().put_object(Bucket=bucket, Key=key, Body=data)
         except Exception as e:
-            raise StorageError(f"cannot write {path}: {e}") from e
+            raise store_error(f"cannot write {path}", e) from e
         return
     if "://" not in path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -267,7 +378,7 @@ def _copy_file(source: str, destination: str, client) -> None:
             if client is not None
             else ""
         )
-        raise StorageError(f"cannot copy {source} to {destination}: {e}{hint}") from e
+        raise store_error(f"cannot copy {source} to {destination}", e, hint) from e
 
 
 def copy_tree(source_dir: str, destination_dir: str, last: str | None = None) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from components.base.errors import ActionableError
-from components.base.object_store import die_with_parent
+from components.base.processes import die_with_parent
 
 _log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 10

@@ -27,7 +27,7 @@ from pathlib import Path
 from components.base import registry, spans, storage
 from components.base.config import WORK_DIR, PipelineConfig
 from components.base.errors import ActionableError
-from components.base.object_store import stop_process
+from components.base.processes import stop_process
 from components.base.use_case import load as load_use_case
 from components.training.export import SERVING_SIGNATURE
 from pipelines.serving.serving_client import ServingClient

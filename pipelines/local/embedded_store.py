@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from components.base import console
 from components.base.config import WORK_DIR, PipelineConfig
 from components.base.object_store import EmbeddedObjectStore
+
+_log = logging.getLogger(__name__)
 
 # What every command loads after the store answers (Beam's file systems, pandas, ~1.5 s): loaded
 # while the store starts (~2 s, spent waiting), in a thread, so a run with nothing new is quick.
@@ -34,14 +37,17 @@ def s3_buckets(config: PipelineConfig) -> set[str]:
 class Store(NamedTuple):
     endpoint: str
     kind: str  # "configured" (AWS_ENDPOINT_URL_S3), "none" (no s3:// paths), "reused", "started"
+    embedded: EmbeddedObjectStore | None = None  # the work folder's server, with this lease
 
 
 @contextlib.contextmanager
 def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
-    """The S3 store for a command: the configured one (AWS_ENDPOINT_URL_S3), the embedded server
-    already running on .work/seaweedfs, or one started now and stopped on the way out, whatever
-    the way out (an error, Ctrl-C, or SIGTERM, which the CLI turns into an exception), unless
-    `keep`."""
+    """The S3 store for a command: the configured one (AWS_ENDPOINT_URL_S3), or the work folder's
+    embedded server, reused when it runs, started otherwise. The command holds a lease on the
+    embedded server until it leaves this block, whatever the way out (an error, Ctrl-C, SIGTERM,
+    which the CLI turns into an exception, or SIGKILL, which drops the lease with the process);
+    the server stops when the last lease is gone, unless `keep` (components/base/
+    store_supervisor.py)."""
     if os.environ.get("AWS_ENDPOINT_URL_S3"):
         yield Store(os.environ["AWS_ENDPOINT_URL_S3"], "configured")
         return
@@ -61,13 +67,67 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
     try:
         for bucket in sorted(s3_buckets(config)):
             store.create_bucket(bucket)
-        yield Store(store.endpoint, "reused" if store.reused_pid else "started")
+        yield Store(store.endpoint, "reused" if store.reused_pid else "started", store)
     finally:
-        if keep and store.process:
+        outcome = store.stop()
+        if outcome == "kept" and keep:
             console.say(
                 f"Object store left running at {store.endpoint} (pid {store.pid}); the next "
                 f"command reuses it; `kill {store.pid}` stops it."
             )
-        else:
-            store.stop()
+        elif outcome == "in use" and not store.reused_pid:
+            console.say(
+                f"Object store left running at {store.endpoint}: another command uses it; it "
+                "stops when the last one ends."
+            )
         os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+
+
+class StoreFollower:
+    """For a command that runs until stopped (serve, watch, tensorboard): when its store stops
+    answering, it finds the store the work folder's pid file now names, or starts one (the
+    embedded store belongs to the work folder, and this command holds a lease on it), and says
+    which; a configured store (AWS_ENDPOINT_URL_S3) is waited for. Each loss and each recovery is
+    said once, however many polls fail in between; `keeps` says what the command does meanwhile.
+    """
+
+    def __init__(self, store: Store, say: Callable[[str], None], keeps: Callable[[], str]):
+        self.store, self.say, self.keeps = store, say, keeps
+        self.lost: str | None = None  # the endpoint that stopped answering
+
+    def failed(self, error: BaseException) -> bool:
+        """After a failed store call: True when the command should try again now (it follows
+        another store); False when it should wait for its next poll. Errors other than an
+        unreachable store are not this class's: False, and nothing said."""
+        from components.base import storage  # Beam: loaded by then, never before the store starts
+
+        if not storage.unreachable(error):
+            return False
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3", self.store.endpoint)
+        embedded = self.store.embedded
+        if self.lost is None:
+            self.lost = endpoint
+            self.say(
+                f"Object store at {endpoint} does not answer ({storage.short_reason(error)}); "
+                f"{self.keeps()}; "
+                + ("looking for the work folder's store." if embedded else
+                   "trying again at every poll (said once; the log has each attempt).")
+            )  # fmt: skip
+        if embedded is None:
+            return False
+        try:
+            embedded.start(timeout_s=20)  # reuses the folder's live server, else starts one
+        except Exception as e:  # said once per loss: the next poll tries again
+            _log.warning("could not find or start the object store: %s", e)
+            return False
+        how = (f"already running (pid {embedded.reused_pid})" if embedded.reused_pid
+               else f"started by this command (pid {embedded.pid})")  # fmt: skip
+        self.say(f"Object store: now using {embedded.endpoint}, {how}.")
+        self.lost = None
+        return True
+
+    def answered(self) -> None:
+        """After a store call that worked: says once that a lost store answers again."""
+        if self.lost is not None:
+            self.say(f"Object store at {self.lost} answers again.")
+            self.lost = None

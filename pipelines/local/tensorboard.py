@@ -31,7 +31,7 @@ from typing import IO
 from components.base import storage
 from components.base.config import WORK_DIR, ConfigError, PipelineConfig
 from components.base.errors import ActionableError
-from components.base.object_store import stop_process
+from components.base.processes import stop_process
 
 STAGING_ROOT = WORK_DIR / "tensorboard"
 EVENTS = ".tfevents."  # in every TensorBoard event file's name
@@ -184,7 +184,7 @@ def start_server(
     logdir: Path, host: str, port: int, output: IO | None = None, timeout_s: float = 90.0
 ) -> subprocess.Popen:
     """TensorBoard from this environment on `logdir`, returned once it answers HTTP; the caller
-    stops it (`object_store.stop_process`). Its output goes to `output`, else where this
+    stops it (`processes.stop_process`). Its output goes to `output`, else where this
     process's stdout and stderr go (for the CLI: the command's log)."""
     _check_port_free(host, port)
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),

@@ -56,6 +56,10 @@ class ModelManager:
         self._client, self._last_state = None, None  # see serving_sync.store_state
         self._thread: threading.Thread | None = None
         self.on_change = lambda line: None  # where the poller reports (the console)
+        # When the store stops answering: says so once, follows the folder's store again
+        # (pipelines/local/embedded_store.StoreFollower; set by the CLI, absent in tests).
+        self.follower = None
+        self._last_error: str | None = None  # a failed poll's report, not repeated every poll
 
     # -- the poller -----------------------------------------------------------------------------
 
@@ -109,13 +113,39 @@ class ModelManager:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    def keeps(self) -> str:
+        """What requests get meanwhile, for the follower's message."""
+        if self.current is None:
+            return "nothing serves yet"
+        return f"version {self.current.version} keeps answering from its local copy"
+
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_seconds):
             try:
-                self.poll()
+                self._poll_following()
             except Exception as e:  # the store may be away for a while: keep serving, retry
                 _log.exception("poll failed")
-                self.on_change(f"Could not read the served versions ({e}); retrying.")
+                if self.follower is not None and self.follower.lost:
+                    continue  # the follower said it once
+                report = f"Could not read the served versions ({e}); {self.keeps()}; retrying."
+                if report != self._last_error:  # said once, not at every poll
+                    self.on_change(report)
+                self._last_error = report
+            else:
+                if self._last_error is not None:
+                    self.on_change("Reading the served versions again.")
+                self._last_error = None
+
+    def _poll_following(self) -> None:
+        try:
+            self.poll()
+        except Exception as error:
+            if self.follower is None or not self.follower.failed(error):
+                raise
+            self._client, self._last_state = None, None  # another endpoint: read everything
+            self.poll()
+        if self.follower is not None:
+            self.follower.answered()
 
     # -- what requests see ----------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ class Background:
 
     def __exit__(self, *exc) -> None:
         if self.process.poll() is None:
-            self.process.kill()  # its SeaweedFS follows (parent-death signal)
+            self.process.kill()  # its store stops unless another command uses it
             self.process.wait(timeout=30)
 
     def __init__(self, work_dir: Path, *args: str, **extra: str):
@@ -65,7 +65,8 @@ class Background:
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -89,16 +90,22 @@ class Background:
         )
 
     def finish(self, timeout: float = 60) -> tuple[int, str, str]:
-        _, err = self.process.communicate(timeout=timeout)
+        """Waits for the command to end: (exit code, everything it printed, its stderr). Its
+        stdout is read by the reader thread alone (a second reader would take lines from it);
+        stderr holds only the console's error lines, which no pipe buffer fills."""
+        self.process.wait(timeout=timeout)
+        self._reader.join(timeout=30)
+        err = self.process.stderr.read()
         while not self.lines.empty():
             self.seen.append(self.lines.get())
         return self.process.returncode, "".join(self.seen), err
 
 
 def recorded_store(work_dir: Path) -> tuple[int, str]:
-    """(pid, endpoint) from the pid file of the work folder's embedded store."""
-    pid, endpoint = (work_dir / "seaweedfs" / EmbeddedObjectStore.PID_FILE).read_text().split()
-    return int(pid), endpoint
+    """(server pid, endpoint) from the pid file of the work folder's embedded store."""
+    recorded = EmbeddedObjectStore(work_dir / "seaweedfs").read_pid_file()
+    assert recorded, f"no store recorded in {work_dir / 'seaweedfs'}"
+    return recorded[0], recorded[1]
 
 
 def store_pid(work_dir: Path) -> int:

@@ -46,7 +46,7 @@ from urllib.parse import parse_qs, urlparse
 import jsonschema
 import yaml
 
-from components.base.object_store import die_with_parent, stop_process
+from components.base.processes import die_with_parent, stop_process
 from components.training import local_workers, tfjob
 
 CRD_PATH = Path(__file__).parent / "crds" / "kubeflow.org_tfjobs.yaml"  # v1.8.1, verbatim

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from components.base.config import REPO_ROOT, SPEC_PATH, PipelineConfig
-from components.base.object_store import stop_process
+from components.base.processes import stop_process
 from components.training.local_workers import free_ports
 from pipelines.kubeflow import images, kfp_client
 from tests.stand_ins.kfp_api_stand_in import API, FakeKfpApi

@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from components.base import storage
 from components.base.config import PipelineConfig
-from components.base.object_store import s3_client, stop_process
+from components.base.object_store import s3_client
+from components.base.processes import stop_process
 from pipelines.local import tensorboard
 from tests.pipelines import cli_process
 
