@@ -603,10 +603,10 @@ def _report(error: Exception, log, log_path: Path) -> int:
     log.flush()
     cause = actionable_cause(error)
     if not isinstance(cause, ActionableError):
-        from components.base import storage
+        from components.base import store_errors
 
-        if storage.unreachable(error):  # e.g. inside a Beam pipeline, which re-raises its own
-            cause = storage.store_error("a call to the object store failed", error)
+        if store_errors.unreachable(error):  # e.g. inside a Beam pipeline, which raises its own
+            cause = store_errors.store_error("a call to the object store failed", error)
     if isinstance(cause, ActionableError):
         console.error(f"\nerror: {cause}")
         console.error(f"The full log is in {log_path}.")

@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from components.base import console, registry, spans, storage
 from components.base.config import PipelineConfig
 from components.base.errors import ActionableError
 
+_log = logging.getLogger(__name__)
 _BUSY = "RunBusy"  # pipelines.local.run_lock's error, matched by name: KFP watchers never load it
 
 STARTED, TRIGGERED, FAILED, PRESENT = "started", "triggered", "failed", "present-before-watch"
@@ -81,10 +83,12 @@ class Watcher:
         trigger: Trigger,
         how: str,
         ready: Callable[[], None] | None = None,
+        release: Callable[[], None] | None = None,
     ) -> None:
         self.data_root, self.marker = config.data_root, config.success_marker
         self.records_dir = storage.join(config.serving_model_dir, registry.WATCH)
         self.trigger, self.how, self.ready = trigger, how, ready
+        self.release = release or (lambda: None)  # what `ready` holds, when no trigger follows
         self.polls = 0
         self.running: int | None = None  # the span whose trigger is under way (for Ctrl-C)
         self._records: dict[str, dict] = {}  # by path: each record is read once per watcher
@@ -129,7 +133,11 @@ class Watcher:
         for span in new:
             if self.ready and not self._ready(span):
                 break
-            self._write(span, STARTED)
+            try:
+                self._write(span, STARTED)
+            except BaseException:
+                self.release()
+                raise
             self.running = span
             try:
                 result.triggered[span] = self.trigger(span)
@@ -157,7 +165,8 @@ class Watcher:
             if type(error).__name__ != _BUSY:
                 raise
             if str(error) != self._waiting:
-                console.say(f"span {span} waits: {error} It runs at the first poll after that.")
+                console.say(f"span {span} waits: {error.waiting}; it runs at the first poll "
+                            "after that run has ended.")  # fmt: skip
                 self._waiting = str(error)
             return False
         self._waiting = ""
@@ -203,17 +212,17 @@ class Watcher:
 
 def local_trigger(
     config: PipelineConfig, log_path: Path | None, command: str
-) -> tuple[Trigger, Callable[[], None]]:
+) -> tuple[Trigger, Callable[[], None], Callable[[], None]]:
     """Runs the pipeline here, one span at a time (a run takes minutes; polling waits). `ready`
     takes the work folder's run lock (RunBusy when another run holds it); the trigger gives it
-    back when its run ends."""
+    back when its run ends, `release` when no trigger follows."""
     from pipelines.local import run_lock
 
     held = contextlib.ExitStack()
 
     def ready() -> None:
         held.close()
-        held.enter_context(run_lock.exclusive_run(command))
+        held.enter_context(run_lock.exclusive_run(f"{command} (the run of a new span)"))
 
     def trigger(span: int) -> str:
         from pipelines.local import local_runner
@@ -229,7 +238,7 @@ def local_trigger(
         gate = {True: "blessed", False: "not blessed", None: "not evaluated"}[summary.blessed]
         return f"{gate}, {summary.pushed_path or 'nothing pushed'}"
 
-    return trigger, ready
+    return trigger, ready, held.close
 
 
 def kfp_trigger(
@@ -269,10 +278,10 @@ def run(watcher: Watcher, interval: int, once: bool, sleep=time.sleep, follower=
             try:
                 result = _poll(watcher, follower)
             except ActionableError as error:
-                if follower is not None and follower.lost:
-                    pass  # said once by the follower; the next poll tries again
-                elif once or watcher.polls == 1:
+                if once or watcher.polls == 1:
                     raise
+                if follower is not None and follower.lost:
+                    _log.warning("poll %s failed: %s", watcher.polls, error)  # said once
                 else:
                     console.error(
                         f"poll {watcher.polls} failed: {error}; next poll in {interval} s."
@@ -324,6 +333,7 @@ def main(
     from pipelines.local import embedded_store
 
     with embedded_store.object_store(config) as store:
-        trigger, ready = local_trigger(config, log_path, command)
+        trigger, ready, release = local_trigger(config, log_path, command)
         follower = embedded_store.StoreFollower(store, console.say, lambda: "watch keeps polling")
-        return run(Watcher(config, trigger, "local", ready), interval, once, follower=follower)
+        watcher = Watcher(config, trigger, "local", ready, release)
+        return run(watcher, interval, once, follower=follower)

@@ -99,6 +99,16 @@ def _weed_processes_on(data_dir: Path) -> list[int]:
     return sorted(found)
 
 
+def _is_supervisor_of(pid: int, data_dir: Path) -> bool:
+    """Whether `pid` is still the store supervisor of `data_dir` (a pid recorded earlier may have
+    been reused by another process since)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return supervisor.__name__.encode() in argv and str(data_dir).encode() in argv
+
+
 def _error_line(log_text: str) -> str:
     """SeaweedFS's own reason from its log: the last fatal or error line (glog format), else the
     last line."""
@@ -158,7 +168,8 @@ class EmbeddedObjectStore:
         """Takes this process's lease, then reuses the folder's live server or starts one.
         `detached`: the server outlives its last user (`--keep-store`)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self._lease is None:
+        taken_now = self._lease is None  # a start again (after a lost store) keeps the lease
+        if taken_now:
             self._lease = open(self.data_dir / supervisor.USERS_LOCK, "a")  # noqa: SIM115
             fcntl.flock(self._lease, fcntl.LOCK_SH)  # shared: only a stopping supervisor waits
         # Two commands starting at once on one folder: the second waits for the first's store,
@@ -170,7 +181,8 @@ class EmbeddedObjectStore:
                 if detached and self.supervisor_pid:
                     (self.data_dir / supervisor.KEEP_FILE).write_text(f"{self.supervisor_pid}\n")
         except BaseException:
-            self._release_lease()
+            if taken_now:
+                self._release_lease()
             raise
         return self
 
@@ -188,7 +200,10 @@ class EmbeddedObjectStore:
                     s3_client(endpoint).list_buckets()
                     break
                 except Exception as e:
-                    if time.monotonic() > deadline or pid not in _weed_processes_on(self.data_dir):
+                    if pid not in _weed_processes_on(self.data_dir):  # it ended meanwhile
+                        self.pid_file.unlink(missing_ok=True)
+                        return self._start(timeout_s)
+                    if time.monotonic() > deadline:
                         raise StoreError(
                             f"SeaweedFS (pid {pid}) holds {self.data_dir} but does not answer at "
                             f"{endpoint} ({e}): stop it with `kill {pid}`, then start again."
@@ -296,8 +311,8 @@ class EmbeddedObjectStore:
         self._release_lease()
         with open(self.data_dir / supervisor.START_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if self.supervisor_pid and supervisor.kept(self.data_dir, self.supervisor_pid):
-                self.outcome = "kept"
+            if not self.supervisor_pid or supervisor.kept(self.data_dir, self.supervisor_pid):
+                self.outcome = "kept"  # kept, or left by an older version: not this user's
             elif not supervisor.unused(self.data_dir):
                 self.outcome = "in use"
             else:
@@ -319,13 +334,17 @@ class EmbeddedObjectStore:
 
     def _stop_supervisor(self) -> None:
         """Stops the supervisor (which stops its server within its grace) and waits until the
-        server is gone. An older store without a supervisor is never stopped from here."""
+        server is gone; a store of an older version, without one, gets SIGTERM itself (only
+        shutdown() stops such a store)."""
         if self.process is not None:  # started here: a child to reap
             stop_process(self.process, grace_seconds=10)
-        elif self.supervisor_pid:
+        elif self.supervisor_pid and _is_supervisor_of(self.supervisor_pid, self.data_dir):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.supervisor_pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        elif self.pid and self.pid in _weed_processes_on(self.data_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)  # SeaweedFS's own shutdown: up to 20 s
+        deadline = time.monotonic() + (10 if self.supervisor_pid else 30)
         while self.pid and self.pid in _weed_processes_on(self.data_dir):
             if time.monotonic() > deadline:
                 with contextlib.suppress(ProcessLookupError):

@@ -20,7 +20,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 from boto3.s3.transfer import TransferConfig
 
-from components.base.errors import ActionableError
+# Re-exported: callers catch storage.StorageError and ask storage.unreachable(error).
+from components.base.store_errors import StorageError, store_error, unreachable
 
 if FileSystems._pipeline_options is None:  # Beam's S3 client refuses to start without options
     FileSystems.set_options(PipelineOptions([]))
@@ -54,40 +55,6 @@ def _reuse_boto3_clients() -> None:
 
 
 _reuse_boto3_clients()
-
-
-def _answerless(error: BaseException) -> BaseException | None:
-    """The error in `error`'s chain that says the store gave no answer at all (connection
-    refused, reset or closed, a timeout), or None when it answered (4xx, 5xx, throttling) or the
-    error is not a store's. Follows `raise ... from`, exceptions raised while handling another
-    (Beam wraps boto3's errors so) and BeamIOError's per-path details."""
-    from botocore.exceptions import ConnectionError as NoConnection
-    from botocore.exceptions import HTTPClientError
-
-    pending, seen = [error], set()
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, NoConnection | HTTPClientError | ConnectionError | TimeoutError):
-            return current
-        pending += [current.__cause__, current.__context__]
-        details = getattr(current, "exception_details", None)
-        if isinstance(details, dict):
-            pending += [e for e in details.values() if isinstance(e, BaseException)]
-    return None
-
-
-def unreachable(error: BaseException) -> bool:
-    """True when the store did not answer at all (see _answerless)."""
-    return _answerless(error) is not None
-
-
-def short_reason(error: BaseException) -> str:
-    """The line that says why: the answerless cause's, else the error's own first line."""
-    cause = _answerless(error) or error
-    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
 
 
 def _no_long_retries_without_an_answer() -> None:
@@ -139,24 +106,6 @@ def _no_long_retries_without_an_answer() -> None:
 _no_long_retries_without_an_answer()
 
 
-def store_error(what: str, error: Exception, hint: str = "") -> StorageError:
-    """The error for a failed store call: one that names the endpoint when the store gave no
-    answer, else `what`, the library's reason and `hint`."""
-    if unreachable(error):
-        reason = short_reason(error)
-        # The address the call went to, as boto3 names it; else the configured one.
-        called = re.search(r"https?://[^/\"' ]+", reason)
-        endpoint = (
-            called.group(0) if called else os.environ.get("AWS_ENDPOINT_URL_S3")
-        ) or "AWS's default S3 endpoint"
-        return StorageError(
-            f"{what}: the object store at {endpoint} does not answer ({reason}). "
-            "Is it running? A local command starts the work folder's embedded store; another "
-            "store is named by AWS_ENDPOINT_URL_S3."
-        )
-    return StorageError(f"{what}: {error}{hint}")
-
-
 _MiB = 1024 * 1024
 # copy_tree streams every file: nothing holds a whole file in memory, and no object goes up in one
 # PUT (S3 caps a single PUT at 5 GB). Through boto3's managed transfer, a file of at least
@@ -177,10 +126,6 @@ _TRANSFER_CONFIG = TransferConfig(
     preferred_transfer_client="classic",
 )
 _TRANSFER_CONFIG.max_in_memory_upload_chunks = 2  # s3transfer's option; boto3's __init__ lacks it
-
-
-class StorageError(ActionableError, RuntimeError):
-    """An object store could not be reached or answered with an error."""
 
 
 def join(*parts: str) -> str:

@@ -7,8 +7,8 @@ EmbeddedObjectStore.start() in a session of its own (Ctrl-C in a terminal does n
 Why a process of its own: the store must outlive the command that started it (a `serve` beside a
 `run` keeps using it after the run ends), and it must still stop when the last user dies by
 SIGKILL, when no clean-up of that user runs. Something alive has to notice that; the server
-cannot, so this small process (stdlib only, ~20 MB) does, and the server dies with it (kernel
-parent-death signal), so a killed supervisor leaves no server behind either.
+cannot, so this small process (stdlib only, about 12 MB resident) does, and the server dies with
+it (kernel parent-death signal), so a killed supervisor leaves no server behind either.
 
 A user's lease is a shared `flock` on USERS_LOCK that the command holds while it uses the store.
 The kernel drops it when the command exits, whatever the way out (error, Ctrl-C, SIGTERM,
@@ -89,7 +89,7 @@ def _remove_own_files(data_dir: Path, server_pid: int) -> None:
 def _remove_sockets(command: list[str]) -> None:
     """SeaweedFS's Unix sockets, which it leaves in /tmp whatever TMPDIR says: one per server
     and port (its gRPC port is the port + 10000)."""
-    ports = [int(arg.split("=")[1]) for arg in command if re.fullmatch(r"-[a-z.]*port=\d+", arg)]
+    ports = [int(a.split("=")[1]) for a in command if re.fullmatch(r"-[a-z0-9.]*port=\d+", a)]
     for port in (p + offset for p in ports for offset in (0, 10000)):
         for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
             sock.unlink(missing_ok=True)
@@ -116,6 +116,7 @@ def main(argv: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _raise_stop)
     server = subprocess.Popen(command, preexec_fn=die_with_parent)  # output: this process's
+    ended_by_itself = None
     try:
         written = data_dir / f".{PID_FILE}.{os.getpid()}"
         written.write_text(f"{server.pid} {endpoint} {os.getpid()}\n")
@@ -124,10 +125,11 @@ def main(argv: list[str]) -> int:
             time.sleep(CHECK_SECONDS)
             if _stopped_when_unused(data_dir, server):
                 break
+        else:
+            ended_by_itself = server.returncode
     except _Stop:
         pass
     finally:
-        ended_by_itself = server.poll()
         stop_process(server, GRACE_SECONDS)
         _remove_own_files(data_dir, server.pid)
         _remove_sockets(command)

@@ -48,15 +48,19 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
     which the CLI turns into an exception, or SIGKILL, which drops the lease with the process);
     the server stops when the last lease is gone, unless `keep` (components/base/
     store_supervisor.py)."""
-    if os.environ.get("AWS_ENDPOINT_URL_S3"):
-        yield Store(os.environ["AWS_ENDPOINT_URL_S3"], "configured")
+    store = EmbeddedObjectStore(WORK_DIR / "seaweedfs")
+    configured = os.environ.get("AWS_ENDPOINT_URL_S3")
+    recorded = store.read_pid_file()
+    if configured and not (recorded and recorded[1] == configured.rstrip("/")):
+        yield Store(configured, "configured")
         return
+    # Not configured, or configured as the folder's own store (the line `tkp store` prints for
+    # other shells): a user of it like any other, with a lease.
     if not s3_buckets(config):
         yield Store("", "none")
         return
     for module in _AFTER_STORE_START:
         threading.Thread(target=_import_quietly, args=(module,), daemon=True).start()
-    store = EmbeddedObjectStore(WORK_DIR / "seaweedfs")
     console.say(f"Starting embedded object store (SeaweedFS) in {store.data_dir} ...")
     started = time.monotonic()
     store.start(detached=keep)
@@ -64,23 +68,29 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
         console.say(f"  already running at {store.endpoint} (pid {store.reused_pid}): reusing it")
     else:
         console.say(f"  listening at {store.endpoint} ({time.monotonic() - started:.1f} s)")
+    failed = False
     try:
         for bucket in sorted(s3_buckets(config)):
             store.create_bucket(bucket)
         yield Store(store.endpoint, "reused" if store.reused_pid else "started", store)
+    except BaseException:
+        failed = True  # AWS_ENDPOINT_URL_S3 stays: the error's report names the store
+        raise
     finally:
         outcome = store.stop()
         if outcome == "kept" and keep:
+            stopper = store.supervisor_pid or store.pid  # its supervisor stops it at once
             console.say(
                 f"Object store left running at {store.endpoint} (pid {store.pid}); the next "
-                f"command reuses it; `kill {store.pid}` stops it."
+                f"command reuses it; `kill {stopper}` stops it."
             )
         elif outcome == "in use" and not store.reused_pid:
             console.say(
                 f"Object store left running at {store.endpoint}: another command uses it; it "
                 "stops when the last one ends."
             )
-        os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+        if not failed:
+            os.environ.pop("AWS_ENDPOINT_URL_S3", None)
 
 
 class StoreFollower:
@@ -99,19 +109,20 @@ class StoreFollower:
         """After a failed store call: True when the command should try again now (it follows
         another store); False when it should wait for its next poll. Errors other than an
         unreachable store are not this class's: False, and nothing said."""
-        from components.base import storage  # Beam: loaded by then, never before the store starts
+        from components.base import store_errors
 
-        if not storage.unreachable(error):
+        if not store_errors.unreachable(error):
             return False
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3", self.store.endpoint)
         embedded = self.store.embedded
         if self.lost is None:
             self.lost = endpoint
             self.say(
-                f"Object store at {endpoint} does not answer ({storage.short_reason(error)}); "
+                f"Object store at {endpoint} does not answer "
+                f"({store_errors.short_reason(error)}); "
                 f"{self.keeps()}; "
                 + ("looking for the work folder's store." if embedded else
-                   "trying again at every poll (said once; the log has each attempt).")
+                   "trying again at every poll (the log has each attempt).")
             )  # fmt: skip
         if embedded is None:
             return False

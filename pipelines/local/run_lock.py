@@ -30,18 +30,23 @@ LOCK_NAME = "run.lock"
 
 
 class RunBusy(ActionableError, RuntimeError):
-    """Another run holds the work folder."""
+    """Another run holds the work folder; `waiting` says which, for a caller that waits."""
+
+    def __init__(self, message: str, waiting: str):
+        super().__init__(message)
+        self.waiting = waiting
 
 
-def holder(path: Path) -> tuple[str, str]:
-    """(pid, "pid 123, `tkp run ...`, since 10:02:03") of the holder, as the lock file says."""
+def holder(path: Path) -> tuple[str | None, str]:
+    """(pid, "pid 123, `tkp run ...`, since 2026-12-02 10:02:03") of the holder, as the lock
+    file says; (None, ...) when it has not said."""
     for _ in range(20):  # the holder writes its line just after it takes the lock
         try:
             pid, since, command = path.read_text().rstrip("\n").split("\t", 2)
             return pid, f"pid {pid}, `{command}`, since {since}"
         except (OSError, ValueError):
             time.sleep(0.05)
-    return "PID", "a process that has not said which"
+    return None, "a process that has not said which"
 
 
 @contextlib.contextmanager
@@ -55,14 +60,16 @@ def exclusive_run(command: str, work_dir: Path = WORK_DIR) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid, who = holder(path)
+            waiting = f"another run is using the work folder {work_dir} ({who})"
+            stop = f", or stop it with `kill {pid}`" if pid else ""
             raise RunBusy(
-                f"another run is using the work folder {work_dir} ({who}); one run at a time "
-                "per work folder. Wait for it to end and start this one again (with nothing "
-                f"new it ends in seconds), or stop it with `kill {pid}`."
+                f"{waiting}; one run at a time per work folder. Wait for it to end and start "
+                f"this one again (with nothing new it ends in seconds){stop}.",
+                waiting,
             ) from None
         try:
             lock.truncate(0)
-            lock.write(f"{os.getpid()}\t{time.strftime('%H:%M:%S')}\t{command}\n")
+            lock.write(f"{os.getpid()}\t{time.strftime('%Y-%m-%d %H:%M:%S')}\t{command}\n")
             lock.flush()
             yield
         finally:

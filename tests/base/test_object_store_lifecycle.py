@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 import boto3
 import pytest
@@ -141,3 +142,33 @@ def test_store_with_a_configured_endpoint_says_there_is_nothing_to_start(tmp_pat
     assert result.returncode == 1
     assert "AWS_ENDPOINT_URL_S3 is set (http://127.0.0.1:9)" in result.stderr
     assert not (tmp_path / "seaweedfs").exists()
+
+
+def test_a_command_given_the_endpoint_store_prints_is_a_user_of_the_folders_store(
+    tmp_path, cli_in_background
+):
+    store = cli_in_background("store")
+    export = store.wait_for("export AWS_ENDPOINT_URL_S3=")
+    endpoint = export.split("AWS_ENDPOINT_URL_S3=")[1].split()[0]
+    weed = store_pid(tmp_path)
+    added = cli_process.run(tmp_path, "add-span", "--rows", "50", AWS_ENDPOINT_URL_S3=endpoint)
+    assert added.returncode == 0, added.stderr
+    assert f"already running at {endpoint} (pid {weed}): reusing it" in added.stdout
+    # A watcher with that endpoint holds a lease: `store` ending does not stop the store under it.
+    watcher = cli_in_background("watch", "--interval", "5", AWS_ENDPOINT_URL_S3=endpoint)
+    watcher.wait_for("reusing it")
+    store.process.send_signal(signal.SIGTERM)
+    store.finish()
+    assert alive(weed)
+    watcher.process.send_signal(signal.SIGTERM)
+    watcher.finish(timeout=120)
+    assert wait_gone(weed, timeout=10)
+
+
+def test_watch_once_against_a_store_that_is_not_there_fails_at_once(tmp_path):
+    started = time.monotonic()
+    result = cli_process.run(tmp_path, "watch", "--once", timeout=120,
+                             AWS_ENDPOINT_URL_S3="http://127.0.0.1:9")  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "at http://127.0.0.1:9" in result.stderr and "Could not connect" in result.stderr
+    assert time.monotonic() - started < 60

@@ -56,12 +56,21 @@ def test_every_store_call_fails_within_seconds_naming_the_endpoint(gone_store, c
 
 def test_beam_itself_gives_up_at_once_when_there_is_no_answer(gone_store):
     """Beam's own calls, as TFX's and tfx_bsl's Beam transforms make them inside a step."""
-    started = time.monotonic()
-    with pytest.raises(Exception) as raised:
-        FileSystems.exists("s3://gone/data/a.csv") or FileSystems.open("s3://gone/data/a.csv")
-    assert time.monotonic() - started < 15
-    assert storage.unreachable(raised.value)
-    assert gone_store in storage.store_error("reading", raised.value).args[0]
+    for call in (FileSystems.exists, FileSystems.open, FileSystems.delete):
+        started = time.monotonic()
+        with pytest.raises(Exception) as raised:
+            call(["s3://gone/data/a.csv"] if call is FileSystems.delete else "s3://gone/data/a.csv")
+        assert time.monotonic() - started < 15, call
+        assert storage.unreachable(raised.value), call
+        assert gone_store in storage.store_error("reading", raised.value).args[0]
+
+
+def test_a_refused_connection_of_anything_else_is_not_the_stores():
+    import requests
+
+    with pytest.raises(requests.ConnectionError) as raised:
+        requests.get("http://127.0.0.1:9/", timeout=5)  # the discard port: nothing listens
+    assert not storage.unreachable(raised.value)
 
 
 def test_beam_retries_answers_that_ask_for_it_and_says_so(capsys):

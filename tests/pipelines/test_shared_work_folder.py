@@ -10,6 +10,7 @@ endpoint; `serve` says once that its store went away and follows the folder's st
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -185,3 +186,36 @@ def test_serve_says_once_that_a_configured_store_is_gone_and_goes_on_when_it_is_
     assert out.count("does not answer") == 1, out
     assert "Could not read the served versions" not in out
     assert not (tmp_path / "seaweedfs").exists()  # a configured store: none of the folder's
+
+
+def test_watch_says_once_that_its_store_went_away_and_follows_the_folders_store(
+    tmp_path, cli_in_background
+):
+    holder = cli_in_background("store")  # as a user's `tkp store` in another terminal
+    holder.wait_for("export AWS_ENDPOINT_URL_S3=")
+    added = cli_process.run(tmp_path, "add-span", "--rows", "50")
+    assert added.returncode == 0, added.stderr
+    weed, endpoint = recorded_store(tmp_path)
+    record = {"span": 0, "state": "triggered", "when": "2026-01-01T00:00:00Z", "how": "test"}
+    _client(endpoint).put_object(Bucket=BUCKET, Key="serving/taxi-tips/_watch/span-0.json",
+                                 Body=json.dumps(record).encode())  # fmt: skip
+    watcher = cli_in_background("watch", "--interval", "5")
+    watcher.wait_for("poll 1: spans [0] complete, nothing new")
+
+    os.kill(weed, signal.SIGKILL)
+    line = watcher.wait_for(f"Object store at {endpoint} does not answer", timeout=30)
+    assert "watch keeps polling; looking for the work folder's store" in line
+    line = watcher.wait_for("Object store: now using http://127.0.0.1:", timeout=30)
+    new_weed, new_endpoint = recorded_store(tmp_path)
+    assert new_endpoint in line and "started by this command" in line
+    added = cli_process.run(tmp_path, "add-span", "--rows", "50")  # finds the new store
+    assert f"already running at {new_endpoint}" in added.stdout, added.stdout + added.stderr
+    # The new span is complete: the next poll sees it (and starts its run: stopped here).
+    watcher.wait_for("poll ", timeout=30)
+    watcher.process.send_signal(signal.SIGTERM)
+    holder.process.send_signal(signal.SIGTERM)
+    _, out, err = watcher.finish(timeout=120)
+    holder.finish()
+    assert out.count("does not answer") == 1, out
+    assert "failed" not in err, err
+    assert wait_gone(new_weed, timeout=10)
