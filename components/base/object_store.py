@@ -282,17 +282,18 @@ class EmbeddedObjectStore:
                     f"SeaweedFS exited with code {code}: {reason} (its log: {self.log_path})"
                 )
             recorded = self.read_pid_file()
+            reason: Exception | None = None
             if recorded and recorded[2] == self.process.pid:
                 self.pid = recorded[0]
                 try:
                     client.list_buckets()
                     return
                 except Exception as e:  # not answering yet
-                    if time.monotonic() > deadline:
-                        raise StoreError(
-                            f"SeaweedFS did not answer within {timeout_s:.0f} s; see "
-                            f"{self.log_path}"
-                        ) from e
+                    reason = e
+            if time.monotonic() > deadline:  # also when the supervisor never wrote its pid file
+                raise StoreError(
+                    f"SeaweedFS did not answer within {timeout_s:.0f} s; see {self.log_path}"
+                ) from reason
             time.sleep(0.1)
 
     def create_bucket(self, bucket: str) -> None:

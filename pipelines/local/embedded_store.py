@@ -94,7 +94,8 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
 
 
 class StoreFollower:
-    """For a command that runs until stopped (serve, watch, tensorboard): when its store stops
+    """For a command that runs until stopped and polls the store (serve, watch; tensorboard copies
+    what it needs first and never touches the store while it serves): when its store stops
     answering, it finds the store the work folder's pid file now names, or starts one (the
     embedded store belongs to the work folder, and this command holds a lease on it), and says
     which; a configured store (AWS_ENDPOINT_URL_S3) is waited for. Each loss and each recovery is
