@@ -51,9 +51,9 @@ from pathlib import Path
 from components.base import console, registry, spans, storage
 from components.base.config import PipelineConfig
 from components.base.errors import ActionableError
+from pipelines.local.run_lock import RunBusy  # stdlib and the base only: light for KFP watchers
 
 _log = logging.getLogger(__name__)
-_BUSY = "RunBusy"  # pipelines.local.run_lock's error, matched by name: KFP watchers never load it
 
 STARTED, TRIGGERED, FAILED, PRESENT = "started", "triggered", "failed", "present-before-watch"
 _RECORD = re.compile(r"span-(\d+)\.json$")
@@ -161,9 +161,7 @@ class Watcher:
         the span wait (False), said once."""
         try:
             self.ready()
-        except ActionableError as error:
-            if type(error).__name__ != _BUSY:
-                raise
+        except RunBusy as error:
             if str(error) != self._waiting:
                 console.say(f"span {span} waits: {error.waiting}; it runs at the first poll "
                             "after that run has ended.")  # fmt: skip
