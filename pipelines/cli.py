@@ -90,6 +90,15 @@ def _span_size(args: argparse.Namespace, config: PipelineConfig) -> tuple[int, f
                  sources={"rows_per_span": "--rows", "drift": "--drift"})  # fmt: skip
     if not 0 <= args.label_noise <= 1:
         raise ConfigError(f"--label-noise must be between 0 and 1, got {args.label_noise}")
+    from components.base.use_case import IMAGE_FOLDERS
+    from components.base.use_case import load as load_use_case
+
+    if args.corrupt and load_use_case(config.use_case).input_format != IMAGE_FOLDERS:
+        raise ConfigError(f"--corrupt is for use cases of images; {config.use_case!r} writes CSV "
+                          "rows")  # fmt: skip
+    if not 0 <= args.corrupt <= rows:
+        raise ConfigError(f"--corrupt must be between 0 and the span's {rows} images, got "
+                          f"{args.corrupt}")  # fmt: skip
     return rows, drift
 
 
@@ -102,10 +111,16 @@ def cmd_add_span(args: argparse.Namespace, config: PipelineConfig) -> int:
         span = data.add_next_span(
             config.data_root, rows, seed=config.seed, drift=drift,
             marker=config.success_marker, label_noise=args.label_noise, use_case=config.use_case,
+            corrupt=args.corrupt,
         )  # fmt: skip
     noise = f", label noise {args.label_noise}" if args.label_noise else ""
+    noise += f", {args.corrupt} cut-off file(s)" if args.corrupt else ""
     marker = f", then {config.success_marker}" if config.success_marker else ""
-    console.say(f"Wrote span {span} ({rows} rows, drift {drift}{noise}{marker}) to "
+    from components.base.use_case import IMAGE_FOLDERS
+    from components.base.use_case import load as load_use_case
+
+    unit = "images" if load_use_case(config.use_case).input_format == IMAGE_FOLDERS else "rows"
+    console.say(f"Wrote span {span} ({rows} {unit}, drift {drift}{noise}{marker}) to "
                 f"{data.span_dir(config.data_root, span)}")  # fmt: skip
     return 0
 
@@ -436,7 +451,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"drift strength, >= 0 (0: none; alone: {DEFAULT_DRIFT}, which the "
                       "drift checks in schemas/ catch)")  # fmt: skip
     span.add_argument("--label-noise", type=float, default=0.0, metavar="SHARE",
-                      help="share of rows with a coin-flip label (a broken export)")  # fmt: skip
+                      help="share of rows with a coin-flip label (a broken export; images: "
+                      "filed under a wrong class)")  # fmt: skip
+    span.add_argument("--corrupt", type=int, default=0, metavar="FILES",
+                      help="images only: this many files cut off half-way (an interrupted "
+                      "upload)")  # fmt: skip
     models = add("models", cmd_models, "Show the pushed versions (list) or one version (show N).")
     models.add_argument("action", choices=("list", "show"))
     models.add_argument("version", type=int, nargs="?", help="with show: the version")

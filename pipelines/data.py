@@ -1,23 +1,27 @@
-"""Writes generated spans: `<data_root>/span-N/part-XXXXX.csv`, then the success marker.
+"""Writes generated spans: `<data_root>/span-N/part-XXXXX.csv` (or `span-N/<class>/<name>` for
+images), then the success marker.
 
-The rows come from the use case's generator (`UseCase.generate_span`); the same (use case, span,
-rows, seed, drift, label noise) always gives the same bytes.
+The data come from the use case's generator (`UseCase.generate_span`); the same (use case, span,
+rows, seed, drift, label noise, corrupt) always gives the same bytes.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 from components.base import spans, storage
 from components.base.config import (
     DEFAULT_DRIFT,  # noqa: F401 (add-span --drift's strength)
     FIELDS,
 )
+from components.base.use_case import IMAGE_FOLDERS
 from components.base.use_case import load as load_use_case
 
 # The config's default use case, for callers that name none.
 DEFAULT_USE_CASE = FIELDS["use_case"].default
+UPLOAD_THREADS = 16  # images are small objects: the time is the round trip, not the bytes
 
 
 def span_dir(data_root: str, span: int) -> str:
@@ -39,17 +43,31 @@ def write_span(
     marker: str = "_SUCCESS",
     label_noise: float = 0.0,
     use_case: str = DEFAULT_USE_CASE,
+    corrupt: int = 0,
 ) -> list[str]:
-    """Writes span `span` as CSV files (header in each), then `marker` (when not ""), and
-    returns the CSV paths. The marker goes last, as an uploader's must: a reader that waits for
-    it never sees a half-written span.
+    """Writes span `span` as CSV files (header in each) or image files, then `marker` (when not
+    ""), and returns the data files' paths. The marker goes last, as an uploader's must: a
+    reader that waits for it never sees a half-written span. `corrupt` (images only) cuts that
+    many files off half-way.
 
     Refuses to overwrite an existing span: spans are immutable once written, which is what lets
     the pipeline fingerprint them.
     """
     if span in existing_spans(data_root):
         raise FileExistsError(f"{span_dir(data_root, span)} already exists; spans are immutable")
-    generate = load_use_case(use_case).function("generate_span")
+    case = load_use_case(use_case)
+    generate = case.function("generate_span")
+    if case.input_format == IMAGE_FOLDERS:
+        files = generate(num_rows, span, seed=seed, drift=drift, label_noise=label_noise,
+                         corrupt=corrupt)  # fmt: skip
+        paths = [storage.join(span_dir(data_root, span), name) for name, _ in files]
+        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+            list(pool.map(storage.write_bytes, paths, [data for _, data in files]))
+        if marker:
+            storage.write_bytes(storage.join(span_dir(data_root, span), marker), b"")
+        return paths
+    if corrupt:
+        raise ValueError(f"corrupt is for image use cases; {use_case!r} writes CSV rows")
     paths = []
     for part in range(math.ceil(num_rows / rows_per_file)):
         rows = min(rows_per_file, num_rows - part * rows_per_file)
@@ -72,10 +90,11 @@ def add_next_span(
     marker: str = "_SUCCESS",
     label_noise: float = 0.0,
     use_case: str = DEFAULT_USE_CASE,
+    corrupt: int = 0,
 ) -> int:
     """Writes the span after the newest one (span 0 on an empty root) and returns its number."""
     existing = existing_spans(data_root)
     span = existing[-1] + 1 if existing else 0
     write_span(data_root, span, num_rows, seed=seed, drift=drift, marker=marker,
-               label_noise=label_noise, use_case=use_case)  # fmt: skip
+               label_noise=label_noise, use_case=use_case, corrupt=corrupt)  # fmt: skip
     return span

@@ -10,7 +10,7 @@ import json
 
 from components.base import registry, storage
 from components.base.config import PipelineConfig
-from components.steps.auc_text import AUC_UNDEFINED_KEY
+from components.steps.auc_text import AUC_UNDEFINED_KEY, accuracy_of
 
 
 def _state(version: int, complete: dict[int, str], present: set[int], served: int | None) -> str:
@@ -51,7 +51,7 @@ def list_versions(config: PipelineConfig) -> str:
         lines.append(
             f"{version:>7}  {_state(version, complete, present, served):<10}  "
             f"{record.get('pushed_at', '?'):<25}  {spans:<12}  "
-            f"{_auc(overall)}  {_number(overall.get('binary_accuracy'))}  "
+            f"{_auc(overall)}  {_number(accuracy_of(overall))}  "
             f"{versus:<16}"
         )
     if broken:

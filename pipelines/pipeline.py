@@ -16,11 +16,11 @@ from components.base.config import (  # noqa: E402
     SECRET_KEYS,
     PipelineConfig,
 )
-from components.base.use_case import UseCase  # noqa: E402
+from components.base.use_case import IMAGE_FOLDERS, UseCase  # noqa: E402
 from components.base.use_case import load as load_use_case  # noqa: E402
 from components.steps.baseline import LatestPushedModel  # noqa: E402
 from components.steps.evaluation import ThresholdEvaluator  # noqa: E402
-from components.steps.example_gen import SpanCsvExampleGen  # noqa: E402
+from components.steps.example_gen import SpanExampleGen  # noqa: E402
 from components.steps.pusher import VersionedPusher  # noqa: E402
 from components.steps.run_report import RunReport  # noqa: E402
 from components.steps.schema import CuratedSchema  # noqa: E402
@@ -96,6 +96,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
     """The full DAG. `metadata_connection_config` is the local runner's; Kubeflow brings its own."""
     param = runtime_parameters(config)
     use_case = load_use_case(config.use_case)
+    images = use_case.input_format == IMAGE_FOLDERS
     select_spans = SelectSpans(
         data_root=param["data_root"],
         span=param["span"],
@@ -104,18 +105,30 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
         force=param["force"],
         serving_root=param["serving_root"],
         model_name=param["model_name"],
+        input_format=use_case.input_format,
     ).with_id("SelectSpans")
     is_new_data = select_spans.outputs["decision"].future()[0].custom_property(TRAIN_KEY) == 1
     # Every later step runs only when the selected spans are new to the model (or force=1). On
     # Kubeflow this becomes each task's triggerPolicy.condition, evaluated by the 2.5 driver.
     with tfx.dsl.Cond(is_new_data):
-        example_gen = SpanCsvExampleGen(
+        example_gen = SpanExampleGen(
             selection=select_spans.outputs["selection"],
             input_base=param["data_root"],
             input_encoding=config.input_encoding,
+            input_format=use_case.input_format,
+            input_options=use_case.input_options,
+            class_names=config.class_names,
+            serving_root=param["serving_root"],
+            model_name=param["model_name"],
         ).with_id("ExampleGen")
-        statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
         schema = CuratedSchema(schema_path(use_case)).with_id("CuratedSchema")
+        # Images: the schema marks the encoded image as bytes (image_domain), so TFDV gives it
+        # byte-length statistics instead of counting every image as a distinct string
+        # (tensorflow/tfx#1622). CSV statistics stay as they were (schema-less).
+        statistics_gen = tfx.components.StatisticsGen(
+            examples=example_gen.outputs["examples"],
+            schema=schema.outputs["schema"] if images else None,
+        )
         example_validator = StrictExampleValidator(
             statistics=statistics_gen.outputs["statistics"],
             schema=schema.outputs["schema"],
@@ -141,6 +154,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             max_train_minutes=param["max_train_minutes"],
             eval_steps=config.eval_steps,
             selection=select_spans.outputs["selection"],
+            raw_examples=example_gen.outputs["examples"] if images else None,
             custom_config=trainer_config(config),
         ).with_id("Trainer")
         baseline = LatestPushedModel(

@@ -136,16 +136,14 @@ def read_summary(
     if "blessing" in evaluator:
         summary.blessed = evaluator["blessing"].custom_properties["blessed"].int_value == 1
     if "evaluation" in evaluator:
-        uri = evaluator["evaluation"].uri
-        from components.steps.evaluation import auc_change, read_metrics
+        # The Evaluator's verdict: TFMA's metrics under the names every reader uses (with the
+        # classes of a multi-class model), the failed thresholds and its own refusal.
+        from components.steps.evaluation import read_verdict
 
-        summary.metrics, summary.validation_failures = read_metrics(uri)
-        summary.auc_change = auc_change(uri)
-        not_compared = evaluator["blessing"].custom_properties.get("not_compared")
-        summary.not_compared = not_compared.string_value if not_compared is not None else None
-        refusal = evaluator["blessing"].custom_properties.get("slide_check")
-        if refusal is not None and refusal.string_value:  # the Evaluator's own check
-            summary.validation_failures.append(refusal.string_value)
+        verdict = read_verdict(evaluator["blessing"])
+        summary.metrics, summary.validation_failures = verdict["metrics"], verdict["failures"]
+        summary.auc_change = verdict["auc_change"]
+        summary.not_compared = verdict.get("not_compared")
     pushed = outputs.get("Pusher", {}).get("pushed_model")
     if pushed is not None and pushed.custom_properties["pushed"].int_value == 1:
         summary.pushed_path = pushed.custom_properties["pushed_destination"].string_value

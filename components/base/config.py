@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from components.base.errors import ActionableError
-from components.base.use_case import UseCaseError
+from components.base.use_case import IMAGE_FOLDERS, UseCaseError
 from components.base.use_case import load as load_use_case
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +77,11 @@ class PipelineConfig:
     window_spans: int = 1
     success_marker: str = "_SUCCESS"
     input_encoding: str = "utf-8"
+    # Images in one folder per class (a use case whose input_format is image_folders): the
+    # model's classes in label order, comma-separated. "" takes the classes recorded for the
+    # model (the first span's folder names); setting it accepts a span with a new or a missing
+    # class (components/steps/image_input.py).
+    class_names: str = ""
     # 1: train even when the selected spans already produced a model (blessed or not).
     force: int = 0
     # Served models: `<serving_root>/<model_name>/<version>/`.
@@ -209,6 +214,10 @@ class PipelineConfig:
                 values = {**use_case.config_defaults, **values}
                 given = json.loads(values.get("hyperparameters", "{}"))
                 found += [("hyperparameters", p) for p in use_case.hyperparameter_problems(given)]
+                if values.get("class_names") and use_case.input_format != IMAGE_FOLDERS:
+                    found.append(("class_names", f"class_names is for use cases whose classes "
+                                  f"are folders of images; {use_case.name!r} names its classes "
+                                  "itself (its label column's values)"))  # fmt: skip
         if not found:
             try:
                 return cls(**values)
@@ -254,7 +263,8 @@ RUN_PARAMETERS: dict[str, type] = {
 # tests/pipelines/kubeflow/test_kubeflow_spec.py
 # checks each stated range against RULES.
 RUN_PARAMETER_HELP: dict[str, str] = {
-    "data_root": "Folder with one sub-folder per data span (`span-N/*.csv`). "
+    "data_root": "Folder with one sub-folder per data span (`span-N/`: CSV files, or images "
+                 "in one folder per class). "
                  "Allowed: s3://BUCKET/..., gs://BUCKET/... or a local path.",
     "span": "The span to train on: -1 for the newest complete span, else its number. "
             "Allowed: -1 or more.",
@@ -440,6 +450,19 @@ def _json_object(name: str, value: str) -> str | None:
     return None if isinstance(parsed, dict) else f"{name} must be a JSON object, got {value!r}"
 
 
+def _class_names(name: str, value: str) -> str | None:
+    if not value:
+        return None
+    names = value.split(",")
+    bad = [n for n in names if not _PATH_SEGMENT.fullmatch(n)]
+    if bad:
+        return (f"{name} must be folder names (letters, digits, '.', '_', '-') separated by "
+                f"commas, got {bad}")  # fmt: skip
+    if len(set(names)) != len(names) or len(names) < 2:
+        return f"{name} must name at least 2 different classes, got {value!r}"
+    return None
+
+
 def _use_case_name(name: str, value: str) -> str | None:
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", value):
         return None
@@ -534,6 +557,7 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "window_spans": _between(1, 52),
     "success_marker": _marker,
     "input_encoding": _encoding,
+    "class_names": _class_names,
     "force": _one_of_numbers(0, 1),
     "keep_versions": _at_least(2),
     "export_tflite": _one_of_numbers(0, 1),

@@ -76,6 +76,8 @@ def s3_client(endpoint: str | None = None):
                 retries={"max_attempts": 2},
                 connect_timeout=5,
                 read_timeout=60,
+                # Enough for the concurrent reads of many small objects (ExampleGen's images).
+                max_pool_connections=32,
             ),
         )
     return _CLIENTS[key]

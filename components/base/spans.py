@@ -1,5 +1,6 @@
-"""Spans in a data root: `<data_root>/span-N/` holding CSV files, complete once they hold the
-success marker that the uploader writes last (`success_marker` in components/base/config.py).
+"""Spans in a data root: `<data_root>/span-N/` holding CSV files, or images in one folder per
+class (`span-N/<class>/<name>.jpg`), complete once they hold the success marker that the
+uploader writes last (`success_marker` in components/base/config.py).
 
 One place for what counts as a span and which of its files are data, so that span selection,
 `watch` and `add-span` agree.
@@ -13,6 +14,7 @@ from typing import Any
 
 from components.base import storage
 from components.base.errors import ActionableError
+from components.base.use_case import CSV, IMAGE_FOLDERS, INPUT_FORMATS  # noqa: F401 (re-exported)
 
 
 class ExampleGenInputError(ActionableError, ValueError):
@@ -21,8 +23,14 @@ class ExampleGenInputError(ActionableError, ValueError):
 
 LATEST_SPAN = -1  # the span parameter's "newest complete span"
 
-# Data files of a span; anything else in its folder (the marker, a README) is not read.
+# How a use case's spans hold their data (UseCase.input_format):
+# - CSV: `*.csv` and `*.csv.gz` files in the span's folder; anything else there (the marker, a
+#   README) is not read;
+# - IMAGE_FOLDERS: every file in the span's sub-folders (`<class>/<name>.jpg`, the layout of
+#   Keras' image_dataset_from_directory) and every image at its top level; components/steps/
+#   image_input.py says which of them break the layout. Hidden names (`.DS_Store`) are skipped.
 CSV_PATTERNS = ("*.csv", "*.csv.gz")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")  # in any case: cameras write .JPG
 
 # Layout of a data root: span N of the data lives in `<data_root>/span-N/`.
 SPAN_PREFIX = "span-"
@@ -42,14 +50,34 @@ def complete_spans(data_root: str, marker: str) -> dict[int, str]:
     return {span: folder for span, folder in spans.items() if folder + marker in markers}
 
 
-def span_files(span_dir: str) -> list[storage.FileInfo]:
-    """The span's data files (`*.csv`, `*.csv.gz`) with size and time, sorted by path."""
-    return sorted(
-        info for pattern in CSV_PATTERNS for info in storage.list_file_infos(span_dir + pattern)
-    )
+def span_files(span_dir: str, input_format: str = CSV) -> list[storage.FileInfo]:
+    """The span's data files with size and time, sorted by path (see INPUT_FORMATS)."""
+    if input_format == CSV:
+        return sorted(
+            info for pattern in CSV_PATTERNS for info in storage.list_file_infos(span_dir + pattern)
+        )
+    if input_format != IMAGE_FOLDERS:
+        raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
+    found = []
+    for info in storage.list_file_infos(span_dir + "**"):
+        parts = info.path[len(span_dir) :].split("/")
+        if any(part.startswith(".") for part in parts):
+            continue
+        if len(parts) > 1 or parts[0].lower().endswith(IMAGE_SUFFIXES):
+            found.append(info)
+    return found
 
 
-def select(data_root: str, span: int, window_spans: int, marker: str) -> dict[str, Any]:
+def describe_files(input_format: str) -> str:
+    """What a span of `input_format` holds, for messages."""
+    if input_format == IMAGE_FOLDERS:
+        return "images in one sub-folder per class (<class>/<name>.jpg, .jpeg or .png)"
+    return ".csv or .csv.gz files"
+
+
+def select(
+    data_root: str, span: int, window_spans: int, marker: str, input_format: str = CSV
+) -> dict[str, Any]:
     """{"span": newest, "spans": {N: {"files": [...], "fingerprint": ...}}, "fingerprint": ...};
     ExampleGenInputError naming the data root, the spans and the fix when there is nothing to
     read."""
@@ -78,11 +106,11 @@ def select(data_root: str, span: int, window_spans: int, marker: str) -> dict[st
     window = [n for n in sorted(complete) if n <= chosen][-window_spans:]
     selected = {}
     for number in window:
-        files = span_files(complete[number])
+        files = span_files(complete[number], input_format)
         if not files:
             raise ExampleGenInputError(
-                f"{complete[number]} holds no .csv or .csv.gz files: write the span's CSV files "
-                "there, or remove the folder, or set the span parameter to another span."
+                f"{complete[number]} holds no {describe_files(input_format)}: write the span's "
+                "data there, or remove the folder, or set the span parameter to another span."
             )
         tags = storage.content_tags(complete[number])
         content = "\n".join(f"{f.path[len(complete[number]):]}:{tags.get(f.path)}" for f in files)

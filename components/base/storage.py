@@ -248,6 +248,24 @@ def read_bytes(path: str) -> bytes:
         raise
 
 
+def read_object(path: str) -> bytes:
+    """A whole object in one request, for many small ones (ExampleGen's images): on S3 one GET,
+    where read_bytes makes a HEAD and ranged GETs through Beam. FileNotFoundError when the object
+    does not exist; a StorageError naming the endpoint when the store does not answer."""
+    if not path.startswith("s3://"):
+        return read_bytes(path)
+    from components.base.object_store import s3_client
+
+    bucket, key = split_s3(path)
+    try:
+        return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    except Exception as e:
+        code = getattr(e, "response", {}).get("Error", {}).get("Code")
+        if code in ("NoSuchKey", "404"):
+            raise FileNotFoundError(f"no object {path}") from e
+        raise store_error(f"cannot read {path}", e) from e
+
+
 def write_bytes(path: str, data: bytes) -> None:
     """Writes one object. S3 objects go up in a single PUT: Beam's multipart upload cannot
     write an empty object to SeaweedFS, and a single PUT never leaves a partial object behind.

@@ -24,6 +24,10 @@ from typing import Any
 from components.base.errors import ActionableError
 
 SHIPPED_PACKAGE = "components.use_cases"
+# How a use case's spans hold their data (components/base/spans.py says what each means).
+CSV = "csv"
+IMAGE_FOLDERS = "image_folders"
+INPUT_FORMATS = (CSV, IMAGE_FOLDERS)
 
 
 class UseCaseError(ActionableError, ValueError):
@@ -46,10 +50,14 @@ class UseCase:
     # Import paths of the heavy parts:
     # - preprocessing_fn(inputs) -> features: tf.Transform's, also in the serving signature;
     # - build_model(hyperparameters: dict, learning_rate: float) -> a compiled Keras model over
-    #   the transformed features, with metrics "auc" and "binary_accuracy";
-    # - generate_span(num_rows, span, seed, drift, label_noise) -> a pandas DataFrame of raw
-    #   columns, the same for the same arguments
-    #   (`make run` on an empty data root, `add-span`, the tests and the bench).
+    #   the transformed features (or prepare_batch's inputs), with the metric `quality_metric`;
+    #   a use case whose classes come from the data (IMAGE_FOLDERS) also gets `class_names`
+    #   (a list, in label order; the output has one probability per class) and `weights_path`
+    #   (a local copy of the config's initial_weights, or None);
+    # - generate_span(num_rows, span, seed, drift, label_noise) -> the span's data, the same for
+    #   the same arguments (`make run` on an empty data root, `add-span`, the tests and the
+    #   bench): a pandas DataFrame of raw columns for CSV input; for IMAGE_FOLDERS input a list
+    #   of (path in the span, file bytes), and it may take `corrupt` (how many broken files).
     preprocessing_fn: str
     build_model: str
     generate_span: str
@@ -58,9 +66,23 @@ class UseCase:
     hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # Config fields whose default this use case sets (names, data root, thresholds, ...).
     config_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # How its spans hold the data (components/base/spans.py INPUT_FORMATS): CSV files, or
+    # images in one folder per class, whose ExampleGen (components/steps/image_input.py) writes
+    # the features image, label, label_name, height, width, channels and path; `input_options`
+    # are that reader's settings (image_input.IMAGE_OPTIONS: size bounds).
+    input_format: str = CSV
+    input_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Optional import path of prepare_batch(features, hyperparameters, training) -> the model's
+    # inputs from a batch of transformed features: work that must happen per batch at training
+    # time (decoding images, augmenting them when `training`), in the input pipeline and in
+    # front of the model in the exported signatures, so both do it alike.
+    prepare_batch: str = ""
+    # The compiled Keras metric (higher is better) that early stopping watches on the eval split.
+    quality_metric: str = "auc"
 
     def function(self, part: str) -> Callable:
-        """The function behind `preprocessing_fn`, `build_model` or `generate_span`."""
+        """The function behind `preprocessing_fn`, `build_model`, `generate_span` or
+        `prepare_batch`."""
         return _resolve(getattr(self, part), f"use case {self.name!r}: {part}")
 
     def hyperparameter_problems(self, given: Mapping[str, Any]) -> list[str]:
@@ -120,6 +142,9 @@ def load(name: str) -> UseCase:
         raise UseCaseError(
             f"use case {name!r}: {module.__name__} defines no USE_CASE = UseCase(...)"
         )
+    if use_case.input_format not in INPUT_FORMATS:
+        raise UseCaseError(f"use case {name!r}: input_format must be one of {INPUT_FORMATS}, got "
+                           f"{use_case.input_format!r}")  # fmt: skip
     return use_case
 
 

@@ -1,4 +1,5 @@
-"""CsvExampleGen that reads the spans chosen by SelectSpans, through Beam's FileSystems.
+"""ExampleGen that reads the spans chosen by SelectSpans, through Beam's FileSystems: CSV files
+as stock CsvExampleGen does, or images in one folder per class (components/steps/image_input.py).
 
 Stock CsvExampleGen resolves `{SPAN}` in a driver, which open-source Kubeflow Pipelines never runs
 (it has no `preCacheCheck` hook), and reads through TensorFlow's `s3://` client, which is broken
@@ -11,7 +12,9 @@ the window and is evaluated on the newest span only.
 
 from __future__ import annotations
 
+import json
 import logging
+import tempfile
 from typing import Any
 
 import apache_beam as beam
@@ -24,10 +27,11 @@ from tfx.types.standard_component_specs import FileBasedExampleGenSpec
 from tfx.utils import proto_utils
 from tfx_bsl.coders import csv_decoder
 
-from components.steps import csv_input
+from components.base import spans, storage
+from components.steps import csv_input, image_input
 from components.steps.span_selection import ExampleGenInputError, SpanSelection, read_selection
 
-__all__ = ["ExampleGenInputError", "SpanCsvExampleGen"]
+__all__ = ["ExampleGenInputError", "SpanExampleGen"]
 
 _log = logging.getLogger(__name__)
 
@@ -59,13 +63,38 @@ class CsvFilesToExample(beam.PTransform):
         )
 
 
+def _files_to_example(exec_properties: dict[str, Any], split_pattern: str) -> beam.PTransform:
+    """The reader of the span's input format."""
+    if (exec_properties.get("input_format") or spans.CSV) == spans.CSV:
+        return CsvFilesToExample(exec_properties, split_pattern)
+    return image_input.ImageFilesToExample(exec_properties, split_pattern)
+
+
+# Custom property of the examples: the model's classes (JSON list, label-index order) when they
+# come from the data (image folders).
+CLASS_NAMES_KEY = "class_names"
+
+
 class Executor(csv_executor.Executor):
     def GetInputSourceToExamplePTransform(self) -> beam.PTransform:
-        return CsvFilesToExample
+        return _files_to_example
 
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         selection = read_selection(artifact_utils.get_single_instance(input_dict["selection"]))
         newest, older = selection["span"], sorted(set(selection["spans"]) - {selection["span"]})
+        if (exec_properties.get("input_format") or spans.CSV) == spans.CSV:
+            exec_properties = self._csv_properties(selection, newest, older, exec_properties)
+            super().Do(input_dict, output_dict, exec_properties)
+        else:
+            self._read_images(input_dict, output_dict, exec_properties, selection, newest, older)
+        examples = artifact_utils.get_single_instance(output_dict["examples"])
+        examples.span = newest
+        examples.set_string_custom_property("input_base", exec_properties["input_base"])
+        examples.set_string_custom_property("spans", str(sorted(selection["spans"])))
+        examples.set_string_custom_property("input_fingerprint", selection["fingerprint"])
+
+    @staticmethod
+    def _csv_properties(selection, newest: int, older: list[int], exec_properties) -> dict:
         files = [path for n in [newest, *older] for path in selection["spans"][n]["files"]]
         encoding = exec_properties.get("input_encoding") or "utf-8"
         # Every file read to its end before Beam starts: a bad file stops the step with its name,
@@ -73,27 +102,69 @@ class Executor(csv_executor.Executor):
         columns = csv_input.check_csv_files(files, encoding)
         window = f" and older spans {older} for training" if older else ""
         _log.info("ExampleGen: reading span %d%s (%d files)", newest, window, len(files))
-        exec_properties = dict(
+        return dict(
             exec_properties,
             _resolved_files=selection["spans"][newest]["files"],
             _older_files=[path for n in older for path in selection["spans"][n]["files"]],
             _resolved_columns=columns,
             _input_encoding=encoding,
         )
-        super().Do(input_dict, output_dict, exec_properties)
+
+    def _read_images(self, input_dict, output_dict, exec_properties, selection, newest, older):
+        """Checks the spans' layout and classes, writes the examples, then fails naming every
+        file that is no usable image; records the classes once the span's images all are."""
+        per_span = {}
+        for number in [newest, *older]:
+            chosen = selection["spans"][number]
+            listed = {i.path: i for i in spans.span_files(chosen["folder"], spans.IMAGE_FOLDERS)}
+            infos = [listed.get(p, storage.FileInfo(p, -1, 0.0)) for p in chosen["files"]]
+            per_span[number] = image_input.check_layout(chosen["folder"], infos)
+        record_path = image_input.classes_path(
+            exec_properties["serving_root"], exec_properties["model_name"]
+        )
+        recorded = image_input.read_recorded_classes(record_path)
+        configured = [c for c in (exec_properties.get("class_names") or "").split(",") if c]
+        classes = image_input.choose_classes(per_span, configured, recorded, record_path)
+
+        def labelled(numbers: list[int]) -> list[list]:
+            return [[path, classes.index(name), name] for n in numbers
+                    for name, paths in sorted(per_span[n].items()) for path in paths]  # fmt: skip
+
+        images, older_images = labelled([newest]), labelled(older)
+        window = f" and {len(older_images)} of older spans {older} for training" if older else ""
+        _log.info("ExampleGen: reading %d images of span %d%s; classes %s", len(images), newest,
+                  window, classes)  # fmt: skip
+        rejects = storage.join(self._scratch_dir(), "rejected-images")
+        super().Do(input_dict, output_dict, dict(
+            exec_properties, _resolved_images=images, _older_images=older_images,
+            _rejects_prefix=rejects,
+        ))  # fmt: skip
+        rejected = image_input.read_rejects(rejects)
+        if rejected:
+            raise image_input.rejected_error(rejected, len(images) + len(older_images))
+        if recorded is None or list(recorded["classes"]) != classes:
+            image_input.record_classes(record_path, classes, newest)
+            _log.info("ExampleGen: the model's classes %s are recorded in %s", classes, record_path)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
-        examples.span = newest
-        examples.set_string_custom_property("input_base", exec_properties["input_base"])
-        examples.set_string_custom_property("spans", str(sorted(selection["spans"])))
-        examples.set_string_custom_property("input_fingerprint", selection["fingerprint"])
+        examples.set_string_custom_property(CLASS_NAMES_KEY, json.dumps(classes))
+
+    def _scratch_dir(self) -> str:
+        """The execution's temporary folder (runners give one), else a local one."""
+        try:
+            return self._get_tmp_dir()
+        except RuntimeError:
+            return tempfile.mkdtemp(prefix="example-gen-")
 
     def GenerateExamplesByBeam(self, pipeline, exec_properties):
         """The stock hash split of the newest span; the older spans of a window all go to train."""
         splits = super().GenerateExamplesByBeam(pipeline, exec_properties)
-        if exec_properties["_older_files"]:
-            older = pipeline | "OlderSpans" >> CsvFilesToExample(
-                dict(exec_properties, _resolved_files=exec_properties["_older_files"]), "*"
-            )
+        older = {"_resolved_files": exec_properties.get("_older_files"),
+                 "_resolved_images": exec_properties.get("_older_images")}  # fmt: skip
+        older = {key: value for key, value in older.items() if value}
+        if older:
+            rejects = exec_properties.get("_rejects_prefix", "") + "-older"
+            read = _files_to_example(dict(exec_properties, **older, _rejects_prefix=rejects), "*")
+            older = pipeline | "OlderSpans" >> read
             splits["train"] = (splits["train"], older) | "TrainOnWindow" >> beam.Flatten()
         return splits
 
@@ -102,29 +173,50 @@ class SpanExampleGenSpec(types.ComponentSpec):
     PARAMETERS = {
         **FileBasedExampleGenSpec.PARAMETERS,
         "input_encoding": component_spec.ExecutionParameter(type=str),
+        # Image folders (components/steps/image_input.py): the reader's options (JSON), the
+        # configured classes (comma-separated, "" for the recorded ones) and the served model's
+        # folder, where the classes are recorded.
+        "input_format": component_spec.ExecutionParameter(type=str, optional=True),
+        "input_options": component_spec.ExecutionParameter(type=str, optional=True),
+        "class_names": component_spec.ExecutionParameter(type=str, optional=True),
+        "serving_root": component_spec.ExecutionParameter(type=str, optional=True),
+        "model_name": component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {"selection": component_spec.ChannelParameter(type=SpanSelection)}
     OUTPUTS = FileBasedExampleGenSpec.OUTPUTS
 
 
-class SpanCsvExampleGen(base_component.BaseComponent):
+class SpanExampleGen(base_component.BaseComponent):
     """Reads the spans of `selection` into train and eval splits; `input_base` is the data root
-    they were chosen from (recorded on the examples)."""
+    they were chosen from (recorded on the examples). Image folders need `serving_root` and
+    `model_name` (where the model's classes are recorded), and are split by a hash of each
+    file's path, so a file stays on its side in every run."""
 
     SPEC_CLASS = SpanExampleGenSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
     def __init__(self, selection: types.BaseChannel, input_base: str | Any,
                  input_encoding: str = "utf-8", eval_buckets: int = 1,
-                 train_buckets: int = 4):  # fmt: skip
+                 train_buckets: int = 4, input_format: str = spans.CSV,
+                 input_options: dict | None = None, class_names: str = "",
+                 serving_root: str | Any = None, model_name: str | Any = None):  # fmt: skip
+        images = input_format == spans.IMAGE_FOLDERS
         output_config = example_gen_pb2.Output(
             split_config=example_gen_pb2.SplitConfig(
                 splits=[
                     example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=train_buckets),
                     example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=eval_buckets),
-                ]
+                ],
+                partition_feature_name=image_input.PATH_KEY if images else None,
             )
         )
+        image_settings = dict(
+            input_format=input_format,
+            input_options=json.dumps(dict(input_options or {}), sort_keys=True),
+            class_names=class_names,
+            serving_root=serving_root,
+            model_name=model_name,
+        ) if images else {}  # fmt: skip
         spec = SpanExampleGenSpec(
             input_base=input_base,
             input_config=proto_utils.proto_to_json(
@@ -136,6 +228,7 @@ class SpanCsvExampleGen(base_component.BaseComponent):
             output_data_format=example_gen_pb2.FORMAT_TF_EXAMPLE,
             output_file_format=example_gen_pb2.FORMAT_TFRECORDS_GZIP,
             input_encoding=input_encoding,
+            **image_settings,
             selection=selection,
             examples=types.Channel(type=standard_artifacts.Examples),
         )

@@ -17,8 +17,12 @@ th { background: #eee; }
 .decision { padding: 0.8em 1em; font-size: 1.3em; font-weight: bold; border-radius: 4px; }
 .pushed { background: #2e7d32; color: #fff; }
 .refused { background: #c62828; color: #fff; }
+.samples { display: flex; flex-wrap: wrap; gap: 0.8em; }
+figure { margin: 0; font-size: 0.85em; text-align: center; }
+.wrong { color: #c62828; font-weight: bold; }
 """
 METRICS = ("auc", "binary_accuracy", "binary_crossentropy")  # each beside the served model's
+MULTI_CLASS_METRICS = ("auc", "accuracy", "top_2_accuracy", "sparse_categorical_crossentropy")
 
 
 def _number(value: Any, digits: int = 4) -> str:
@@ -60,15 +64,15 @@ def _validation(validation: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _metrics(metrics: dict[str, dict[str, float]]) -> str:
+def _metrics(metrics: dict[str, dict[str, float]], names: tuple[str, ...] = METRICS) -> str:
     header = ["slice", "examples"]
-    for name in METRICS:
+    for name in names:
         header += [name, f"{name} (served model)"]
     rows = []
     for slice_name in ["overall", *sorted(s for s in metrics if s != "overall")]:
         values = metrics.get(slice_name, {})
         row: list[Any] = [slice_name, _number(values.get("example_count"))]
-        for name in METRICS:
+        for name in names:
             value, diff = values.get(name), values.get(f"{name}_diff")
             baseline = None if value is None or diff is None else value - diff
             shown = auc_text(values) if name == "auc" else _number(value)
@@ -104,7 +108,54 @@ def _steps(steps: dict[str, tuple[float, float]]) -> str:
     return _table(["step", "seconds"], [*rows, ["all steps of this run", f"{total:.1f}"]])
 
 
-def render(facts: dict[str, Any]) -> str:
+def confusion_rows(facts: dict[str, Any]) -> list[list[float]]:
+    """The confusion matrix, [true class][predicted class] counts, in class_names' order."""
+    if facts.get("multi_class"):
+        size = len(facts["class_names"])
+        matrix = [list(row) + [0.0] * (size - len(row)) for row in facts["matrix"] or []]
+        return (matrix + [[0.0] * size] * size)[:size]
+    m = facts["confusion"]
+    return [[m.get("trueNegatives", 0.0), m.get("falsePositives", 0.0)],
+            [m.get("falseNegatives", 0.0), m.get("truePositives", 0.0)]]  # fmt: skip
+
+
+def _per_class(overall: dict[str, Any], labels: list[str]) -> str:
+    rows = [[label, _number(overall.get(f"precision[{label}]")),
+             _number(overall.get(f"recall[{label}]"))] for label in labels]  # fmt: skip
+    return _table(["class", "precision (at 0.5)", "recall (at 0.5)"], rows)
+
+
+def _samples(samples: list[dict[str, Any]]) -> str:
+    """Eval images with their true and predicted class, inline (data: URIs)."""
+    figures = []
+    for sample in samples:
+        wrong = sample["label"] is not None and sample["label"] != sample["predicted"]
+        image = (f'<img src="data:image/jpeg;base64,{sample["thumbnail"]}" alt="'
+                 f'{escape(sample["path"])}"><br>' if sample["thumbnail"] else "")  # fmt: skip
+        figures.append(
+            f'<figure title="{escape(sample["path"])}">{image}'
+            f"<figcaption>true: {escape(str(sample['label']))}<br>"
+            f'<span class="{"wrong" if wrong else ""}">predicted: '
+            f"{escape(sample['predicted'])} ({sample['score']:.2f})</span></figcaption></figure>"
+        )
+    return f'<div class="samples">{"".join(figures)}</div>'
+
+
+def _multi_class(facts: dict[str, Any]) -> str:
+    labels = facts["class_names"]
+    rows = confusion_rows(facts)
+    cells = [[label, *(_number(c) for c in row)] for label, row in zip(labels, rows, strict=True)]
+    matrix = _table(["true \\ predicted", *labels], cells)
+    return (
+        f"<h3>Confusion matrix (the most probable class)</h3>{matrix}"
+        f"<h3>Each class against the rest</h3>"
+        f"{_per_class(facts['metrics'].get('overall', {}), labels)}"
+        f"<h3>Eval images</h3>"
+        f"{_samples(facts['samples']) if facts['samples'] else '<p>No eval images.</p>'}"
+    )
+
+
+def _binary(facts: dict[str, Any]) -> str:
     from components.steps.evaluation import SERVING_THRESHOLD
 
     labels = facts["class_names"]
@@ -114,6 +165,15 @@ def render(facts: dict[str, Any]) -> str:
         [[labels[0], _number(m.get("trueNegatives")), _number(m.get("falsePositives"))],
          [labels[1], _number(m.get("falseNegatives")), _number(m.get("truePositives"))]],
     )  # fmt: skip
+    return (
+        "<h3>ROC curve (eval split)</h3>"
+        f"{_roc_svg(curve) if curve else '<p>No ROC curve was computed.</p>'}"
+        f"<h3>Confusion matrix at threshold {SERVING_THRESHOLD}</h3>{confusion}"
+    )
+
+
+def render(facts: dict[str, Any]) -> str:
+    multi_class = facts.get("multi_class", False)
     failures = "".join(f"<li>{escape(f)}</li>" for f in facts["failures"])
     spans = ", ".join(str(s) for s in facts["spans"]) or str(facts["span"])
     change = facts["auc_change"]
@@ -135,11 +195,8 @@ def render(facts: dict[str, Any]) -> str:
 <h2>Evaluation</h2>
 <p>{escape(compared)} Blessed: {"yes" if facts["blessed"] else "no"}.</p>
 {f"<ul>{failures}</ul>" if failures else ""}
-{_metrics(facts["metrics"])}
-<h3>ROC curve (eval split)</h3>
-{_roc_svg(curve) if curve else "<p>No ROC curve was computed.</p>"}
-<h3>Confusion matrix at threshold {SERVING_THRESHOLD}</h3>
-{confusion}
+{_metrics(facts["metrics"], MULTI_CLASS_METRICS if multi_class else METRICS)}
+{_multi_class(facts) if multi_class else _binary(facts)}
 <h2>Step times (seconds of each step's work)</h2>
 {_steps(facts["steps"])}
 </body></html>

@@ -1,10 +1,12 @@
 """The run's last step: what the Kubeflow UI shows of a run, and the same report locally.
 
 Three outputs, of the types the KFP 2.5 UI draws (components/steps/kfp_artifacts.py):
-- `metrics` (system.Metrics): AUC, accuracy, example count, the served model's AUC on the same
-  data and the difference, blessed (1/0), pushed version (0: none) and the span;
+- `metrics` (system.Metrics): AUC, accuracy (and top-2 accuracy), example count, the served
+  model's AUC on the same data and the difference, blessed (1/0), pushed version (0: none) and
+  the span;
 - `classification_metrics` (system.ClassificationMetrics): the ROC curve over the eval split and
-  the confusion matrix at the serving threshold;
+  the confusion matrix at the serving threshold (a multi-class model: its N x N confusion matrix
+  of the most probable class, no ROC curve);
 - `report` (system.HTML): one page for a person (components/steps/report_html.py), which `tkp run`
   also copies beside the run's log.
 Everything comes from the artifacts of this run's steps; nothing is computed again.
@@ -24,7 +26,7 @@ from tfx.types import artifact_utils, component_spec, standard_artifacts
 
 from components.base import storage
 from components.steps import kfp_artifacts, report_html, step_times
-from components.steps.auc_text import AUC_UNDEFINED_KEY
+from components.steps.auc_text import AUC_UNDEFINED_KEY, accuracy_of
 from components.steps.evaluation import read_verdict, roc_curve, serving_confusion_matrix
 from components.steps.pusher import NOT_PUSHED_REASON_KEY
 from components.steps.span_selection import SpanSelection
@@ -70,6 +72,7 @@ def gather(inputs: dict[str, list], class_names: list[str]) -> dict[str, Any]:
     verdict = read_verdict(blessing)
     overall = verdict["metrics"].get("overall", {})
     pushed = _int(pushed_model, "pushed", 0) == 1
+    multi_class = bool(verdict.get("class_names"))  # classes from the data (images)
     return {
         "span": _int(selection, "span", -1),
         "spans": json.loads(selection.get_string_custom_property("spans") or "[]"),
@@ -93,10 +96,14 @@ def gather(inputs: dict[str, list], class_names: list[str]) -> dict[str, Any]:
             int(pushed_model.get_string_custom_property("pushed_version")) if pushed else None
         ),  # fmt: skip
         "not_pushed_reason": pushed_model.get_string_custom_property(NOT_PUSHED_REASON_KEY),
-        "curve": roc_curve(evaluation.uri),
-        "confusion": serving_confusion_matrix(evaluation.uri),
+        "curve": [] if multi_class else roc_curve(evaluation.uri),
+        "confusion": {} if multi_class else serving_confusion_matrix(evaluation.uri),
+        # Multi-class: the N x N matrix [true][predicted] and a few eval images, predicted.
+        "multi_class": multi_class,
+        "matrix": verdict.get("confusion_matrix"),
+        "samples": verdict.get("samples", []),
         "steps": step_times.carried(inputs),
-        "class_names": list(class_names),
+        "class_names": list(verdict.get("class_names") or class_names),
     }
 
 
@@ -109,7 +116,8 @@ def write_metrics(metrics, facts: dict[str, Any]) -> None:
     overall = facts["metrics"].get("overall", {})
     values = {
         "auc": overall.get("auc"),
-        "accuracy": overall.get("binary_accuracy"),
+        "accuracy": accuracy_of(overall),
+        "top_2_accuracy": overall.get("top_2_accuracy"),
         "example_count": overall.get("example_count"),
         "baseline_auc": facts["baseline_auc"],
         "auc_change": facts["auc_change"],
@@ -129,15 +137,14 @@ def write_metrics(metrics, facts: dict[str, Any]) -> None:
 def write_classification_metrics(artifact, facts: dict[str, Any]) -> None:
     """KFP's shapes (ClassificationMetrics.log_roc_curve / log_confusion_matrix), every number
     finite: the UI's runtypes take numbers only (ROCCurveHelper.tsx)."""
-    artifact.set_json_value_custom_property("confidenceMetrics", [
-        {"confidenceThreshold": m.get("threshold", 0.0),
-         "recall": _finite(m.get("recall")) or 0.0,
-         "falsePositiveRate": _finite(m.get("falsePositiveRate")) or 0.0}
-        for m in facts["curve"]
-    ])  # fmt: skip
-    m = facts["confusion"]
-    rows = [[m.get("trueNegatives", 0.0), m.get("falsePositives", 0.0)],
-            [m.get("falseNegatives", 0.0), m.get("truePositives", 0.0)]]  # fmt: skip
+    if facts["curve"]:  # binary only: a multi-class model has one curve per class
+        artifact.set_json_value_custom_property("confidenceMetrics", [
+            {"confidenceThreshold": m.get("threshold", 0.0),
+             "recall": _finite(m.get("recall")) or 0.0,
+             "falsePositiveRate": _finite(m.get("falsePositiveRate")) or 0.0}
+            for m in facts["curve"]
+        ])  # fmt: skip
+    rows = report_html.confusion_rows(facts)
     artifact.set_json_value_custom_property("confusionMatrix", {
         "annotationSpecs": [{"displayName": label} for label in facts["class_names"]],
         "rows": [{"row": row} for row in rows],

@@ -65,6 +65,7 @@ class SelectSpansExecutor(BaseExecutor):
             exec_properties["span"],
             exec_properties["window_spans"],
             exec_properties["success_marker"],
+            exec_properties.get("input_format") or spans.CSV,
         )
         numbers = sorted(selection["spans"])
         _log.info("Spans %s (newest %d), fingerprint %s", numbers, selection["span"],
@@ -117,6 +118,8 @@ class SelectSpansSpec(types.ComponentSpec):
         "span": component_spec.ExecutionParameter(type=int),
         "window_spans": component_spec.ExecutionParameter(type=int),
         "success_marker": component_spec.ExecutionParameter(type=str),
+        # How a span holds its data (components/base/spans.py INPUT_FORMATS): the use case's.
+        "input_format": component_spec.ExecutionParameter(type=str, optional=True),
         "force": component_spec.ExecutionParameter(type=int),
         "serving_root": component_spec.ExecutionParameter(type=str),
         "model_name": component_spec.ExecutionParameter(type=str),
@@ -134,13 +137,14 @@ class SelectSpans(base_component.BaseComponent):
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(SelectSpansExecutor)
 
     def __init__(self, data_root, span, window_spans, success_marker: str, force, serving_root,
-                 model_name):  # fmt: skip
+                 model_name, input_format: str = spans.CSV):  # fmt: skip
         super().__init__(
             spec=SelectSpansSpec(
                 data_root=data_root,
                 span=span,
                 window_spans=window_spans,
                 success_marker=success_marker,
+                input_format=input_format,
                 force=force,
                 serving_root=serving_root,
                 model_name=model_name,

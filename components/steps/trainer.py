@@ -32,6 +32,7 @@ from tfx.utils import io_utils, proto_utils
 from components.base import storage
 from components.base.config import check_run_parameters
 from components.base.launcher_paths import PIPELINE_FOLDER_ENV
+from components.steps.example_gen import CLASS_NAMES_KEY
 from components.steps.span_selection import SpanSelection, read_selection
 from components.training import checkpoints, local_workers, tfjob
 from components.training.checkpoints import CHECKPOINTS_FOLDER
@@ -58,6 +59,10 @@ class TunableTrainerExecutor(trainer_executor.GenericExecutor):
         custom_config = json.loads(properties.get("custom_config") or "null") or {}
         custom_config["epochs"] = int(properties.pop("epochs"))
         custom_config["max_train_minutes"] = float(properties.pop("max_train_minutes"))
+        if input_dict.get("raw_examples"):  # classes from the data: ExampleGen names them
+            raw = artifact_utils.get_single_instance(input_dict["raw_examples"])
+            custom_config["class_names"] = json.loads(raw.get_string_custom_property(
+                CLASS_NAMES_KEY) or "null")  # fmt: skip
         if custom_config.get("checkpoint_root") and input_dict.get("selection"):
             custom_config["checkpoint_dir"] = _backup_dir(input_dict, custom_config, train_args)
         properties["custom_config"] = json.dumps(custom_config)
@@ -131,6 +136,10 @@ class TunableTrainerSpec(types.ComponentSpec):
         **TrainerSpec.INPUTS,
         # The selected spans: their content fingerprint names the training's backup.
         "selection": component_spec.ChannelParameter(type=SpanSelection, optional=True),
+        # ExampleGen's examples, for the classes it found (image folders).
+        "raw_examples": component_spec.ChannelParameter(
+            type=standard_artifacts.Examples, optional=True
+        ),
     }
     OUTPUTS = TrainerSpec.OUTPUTS
 
@@ -151,9 +160,11 @@ class TunableTrainer(base_component.BaseComponent):
         eval_steps: int,
         custom_config: dict[str, Any],
         selection: types.BaseChannel | None = None,
+        raw_examples: types.BaseChannel | None = None,
     ):
         super().__init__(
             spec=TunableTrainerSpec(
+                raw_examples=raw_examples,
                 examples=examples,
                 transform_graph=transform_graph,
                 schema=schema,

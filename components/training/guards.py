@@ -13,7 +13,7 @@ import time
 
 import tensorflow as tf
 
-EARLY_STOP_METRIC = "val_auc"
+EARLY_STOP_METRIC = "val_auc"  # the default; a use case names its own (quality_metric)
 
 
 def any_worker(strategy: tf.distribute.Strategy):
@@ -50,11 +50,13 @@ class TimeBudget(tf.keras.callbacks.Callback):
             self.stopped_at_step = int(self.model._train_counter.numpy())
 
 
-def early_stopping(patience: int, epochs: int) -> tf.keras.callbacks.EarlyStopping:
-    """Stops after `patience` epochs without a better eval AUC (0: never stops early); either
-    way the best epoch's weights are restored at the end."""
+def early_stopping(
+    patience: int, epochs: int, monitor: str = EARLY_STOP_METRIC
+) -> tf.keras.callbacks.EarlyStopping:
+    """Stops after `patience` epochs without a better `monitor` (the eval AUC; 0: never stops
+    early); either way the best epoch's weights are restored at the end."""
     return tf.keras.callbacks.EarlyStopping(
-        monitor=EARLY_STOP_METRIC,
+        monitor=monitor,
         mode="max",
         patience=patience or epochs + 1,
         restore_best_weights=True,

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the annotation only: tfx.v1 imports every component and Ver
     from tfx import v1 as tfx
 
 from components.base import storage  # noqa: E402
+from components.base.use_case import IMAGE_FOLDERS  # noqa: E402
 from components.base.use_case import load as load_use_case  # noqa: E402
 from components.training import (  # noqa: E402
     checkpoints,
@@ -66,14 +67,16 @@ def use_mixed_precision(setting: str, num_gpus: int) -> bool:
 
 def _dataset(
     files, fn_args, tf_transform_output, label_key: str, batch_size: int, training: bool,
-    cache: bool = False, seed: int | None = None,
+    cache: bool = False, seed: int | None = None, prepare=None,
 ) -> tf.data.Dataset:  # fmt: skip
     """Batches of (transformed features, label) from Transform's gzip TFRecords.
 
     tfxio reads the files in parallel (interleaved, AUTOTUNE) and parses after batching (one
     vectorised parse per batch, no Python per example); training data is shuffled, with `seed`
     when every worker must see the same order. `cache` keeps the parsed batches in memory after
-    the first pass and shuffles the batches anew each epoch."""
+    the first pass and shuffles the batches anew each epoch. `prepare(features, training)` (the
+    use case's prepare_batch: decoding images) runs on AUTOTUNE parallel calls after the cache,
+    so cached data stay small and augmentation differs each epoch."""
     options = tfxio.TensorFlowDatasetOptions(
         batch_size=batch_size,
         label_key=label_key,
@@ -89,6 +92,12 @@ def _dataset(
         if training:
             dataset = dataset.shuffle(CACHED_SHUFFLE_BATCHES, seed=seed)
         dataset = dataset.repeat()
+    if prepare is not None:
+        dataset = dataset.map(
+            lambda features, label: (prepare(features, training), label),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=seed is not None or not training,
+        )
     if training and seed is None:
         # tfxio's TFExampleRecord fixes the interleave's order (it ignores `sloppy_ordering`);
         # training wants whichever file is ready first. A seeded order must stay reproducible.
@@ -147,17 +156,19 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     cache = bool(config["cache_training_data"])
     seed = SHARED_SHUFFLE_SEED if workers > 1 else None
     label = use_case.label_key
-    train = _dataset(
-        fn_args.train_files, fn_args, tf_transform_output, label, batch_size, True, cache, seed
-    )
+    hyperparameters = use_case.resolved_hyperparameters(config.get("hyperparameters", {}))
+    prepare = model_inputs(use_case, hyperparameters)
+    train = _dataset(fn_args.train_files, fn_args, tf_transform_output, label, batch_size, True,
+                     cache, seed, prepare)  # fmt: skip
     train = _shard_by_files(train, fn_args.train_files, workers)
-    evaluation = _dataset(
-        fn_args.eval_files, fn_args, tf_transform_output, label, batch_size, False
-    )
+    evaluation = _dataset(fn_args.eval_files, fn_args, tf_transform_output, label, batch_size,
+                          False, prepare=prepare)  # fmt: skip
     evaluation = _shard_by_files(evaluation, fn_args.eval_files, workers)
+    class_names = config.get("class_names")
     with strategy.scope():
-        hyperparameters = use_case.resolved_hyperparameters(config.get("hyperparameters", {}))
-        model = use_case.function("build_model")(hyperparameters, learning_rate)
+        model = use_case.function("build_model")(
+            hyperparameters, learning_rate, **_model_context(use_case, config)
+        )
 
     backup = checkpoints.TrainingBackup(
         config.get("checkpoint_dir") or os.path.join(fn_args.model_run_dir, "backup"),
@@ -173,7 +184,8 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
         check_every=1 if workers < 2 else BUDGET_CHECK_STEPS,
     )
     throughput = guards.Throughput(batch_size)
-    stopper = guards.early_stopping(int(config["early_stopping_patience"]), epochs)
+    stopper = guards.early_stopping(int(config["early_stopping_patience"]), epochs,
+                                    monitor=f"val_{use_case.quality_metric}")  # fmt: skip
     callbacks = [
         throughput,  # first: its timing brackets the training step, not the other callbacks
         checkpoints.StoreBackedBackup(backup, int(config["checkpoint_every_steps"])),
@@ -215,7 +227,8 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     _log.info("Training finished: %s", json.dumps(summary))
     if finished is None:  # the weights to export (the best epoch's), kept until exported
         backup.save_final(model, summary)
-    export.export(model, tf_transform_output, fn_args.serving_model_dir, use_case.label_key)
+    export.export(model, tf_transform_output, fn_args.serving_model_dir, use_case.label_key,
+                  class_names=class_names, prepare=prepare)  # fmt: skip
     if chief:
         storage.write_bytes(
             storage.join(fn_args.model_run_dir, TRAINING_SUMMARY), json.dumps(summary).encode()
@@ -224,12 +237,34 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     shutil.rmtree(backup.local_dir, ignore_errors=True)
 
 
+def model_inputs(use_case, hyperparameters: dict):
+    """The use case's prepare_batch bound to its hyperparameters: (features, training) -> the
+    model's inputs; None when it has none."""
+    if not use_case.prepare_batch:
+        return None
+    prepare_batch = use_case.function("prepare_batch")
+    return lambda features, training: prepare_batch(features, hyperparameters, training)
+
+
+def _model_context(use_case, config: dict) -> dict:
+    """build_model's arguments beyond the hyperparameters and learning rate: the classes and
+    initial weights of a use case whose classes come from the data."""
+    if use_case.input_format != IMAGE_FOLDERS:
+        return {}
+    if not config.get("class_names"):
+        raise ValueError(
+            "the Trainer's custom_config lacks class_names: the Trainer step takes them from "
+            "ExampleGen's examples (components/steps/trainer.py)"
+        )
+    return {"class_names": list(config["class_names"]), "weights_path": None}
+
+
 def _stop_reason(budget: guards.TimeBudget, stopper) -> str:
     if budget.stopped_at_step is not None:
         return f"stopped on budget ({budget.minutes:g} min) at step {budget.stopped_at_step}"
     if stopper is not None and stopper.stopped_epoch:
         return (
-            f"stopped early: no better {guards.EARLY_STOP_METRIC} for {stopper.patience} epoch(s) "
+            f"stopped early: no better {stopper.monitor} for {stopper.patience} epoch(s) "
             f"after epoch {stopper.best_epoch + 1}, whose weights were kept"
         )
     return "completed"

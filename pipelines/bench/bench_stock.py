@@ -10,7 +10,7 @@ every step runs.
 
 What remains different from ours: no SelectSpans (ours picks complete spans in object storage,
 fingerprints them and skips the run when nothing is new) and stock CsvExampleGen reads one local
-folder, not spans through Beam's file systems with upload checks (SpanCsvExampleGen); a stock
+folder, not spans through Beam's file systems with upload checks (SpanExampleGen); a stock
 ExampleValidator only records anomalies (ours stops the run, and checks drift against the
 previous span) and does not gate Transform; the stock Trainer has run parameters frozen in,
 trains in one process (no local workers or TFJob) and keeps its backup in its model_run folder
@@ -63,7 +63,7 @@ def create_stock_pipeline(
     if config.num_workers > 1:
         raise ValueError("the stock Trainer trains in one process: use num_workers=1")
     use_case = load_use_case(config.use_case)
-    # Ours: components/steps/example_gen.py SpanCsvExampleGen's split (train 4 : eval 1 hash
+    # Ours: components/steps/example_gen.py SpanExampleGen's split (train 4 : eval 1 hash
     # buckets).
     output_config = tfx.proto.Output(
         split_config=tfx.proto.SplitConfig(

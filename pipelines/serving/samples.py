@@ -53,22 +53,53 @@ def predict(model_dir: str, rows: list[dict[str, str]], use_case: UseCase) -> li
     `s3://` client is not reliable against SeaweedFS (README.md, "Object storage notes").
     """
     with tempfile.TemporaryDirectory() as local_dir:
-        if "://" in model_dir:
-            storage.copy_tree(model_dir, local_dir)
-        else:
-            local_dir = model_dir
-        model = tf.saved_model.load(local_dir)
-        signature = model.signatures["serving_default"]
+        signature = _local_model(model_dir, local_dir).signatures["serving_default"]
         examples = tf.constant([row_to_example(row, use_case) for row in rows])
         outputs = signature(examples=examples)
         return [float(p) for p in next(iter(outputs.values())).numpy().reshape(-1)]
+
+
+def _local_model(model_dir: str, local_dir: str):
+    if "://" in model_dir:
+        storage.copy_tree(model_dir, local_dir)
+        return tf.saved_model.load(local_dir)
+    return tf.saved_model.load(model_dir)
+
+
+def image_predictions(model_dir: str, span_dir: str, limit: int = 5) -> list[str]:
+    """The served model's answer to the first image of each class folder (up to `limit`), sent
+    as a client sends it: the file's bytes to the raw_features signature."""
+    from components.training.export import RAW_SIGNATURE
+
+    first = {}
+    for info in spans.span_files(span_dir.rstrip("/") + "/", spans.IMAGE_FOLDERS):
+        folder = info.path[len(span_dir.rstrip("/")) + 1 :].split("/")[0]
+        first.setdefault(folder, info.path)
+    paths = sorted(first.values())[:limit]
+    if not paths:
+        return [f"No image under {span_dir}: no predictions to show."]
+    with tempfile.TemporaryDirectory() as local_dir:
+        signature = _local_model(model_dir, local_dir).signatures[RAW_SIGNATURE]
+        images = tf.constant([storage.read_bytes(path) for path in paths])
+        outputs = signature(image=images)
+    lines = [f"Predictions of {model_dir} on the first image of each class in {span_dir}:"]
+    width = max(len(path) for path in paths)
+    for path, classes, scores in zip(paths, outputs["classes"].numpy(),
+                                     outputs["scores"].numpy(), strict=True):  # fmt: skip
+        best = int(scores.argmax())
+        lines.append(f"  {path:<{width}}  predicted {classes[best].decode()} ({scores[best]:.3f})"
+                     f"  folder {path.split('/')[-2]}")  # fmt: skip
+    return lines
 
 
 def sample_predictions(
     model_dir: str, span_dir: str, use_case: UseCase, limit: int = 5, encoding: str = "utf-8"
 ) -> list[str]:
     """Lines for the console: the model's predictions on the first rows of a span's first data
-    file (the span the run trained and evaluated on), beside the use case's sample columns."""
+    file (the span the run trained and evaluated on), beside the use case's sample columns; for
+    images, on the first image of each class folder."""
+    if use_case.input_format == spans.IMAGE_FOLDERS:
+        return image_predictions(model_dir, span_dir, limit)
     files = [f.path for f in spans.span_files(span_dir.rstrip("/") + "/")]
     if not files:
         return [f"No data file under {span_dir}: no predictions to show."]

@@ -11,25 +11,28 @@ from components.base.config import REPO_ROOT
 TAXI_COLUMNS = (
     "payment_type", "trip_miles", "trip_seconds", "fare", "big_tipper", "pickup_community_area",
 )  # fmt: skip
-TAXI_FOLDER = REPO_ROOT / "components" / "use_cases" / "taxi"
+# The images use case's classes and model names.
+IMAGES_NAMES = ("circle", "triangle", "small_cnn", "efficientnet")
+USE_CASES = REPO_ROOT / "components" / "use_cases"
 
 
-def _product_modules():
+def _product_modules(outside: str = "taxi"):
     for top in ("pipelines", "components"):
         for path in sorted((REPO_ROOT / top).rglob("*.py")):
-            if TAXI_FOLDER not in path.parents:
+            if USE_CASES / outside not in path.parents:
                 yield path
 
 
-def test_no_taxi_column_is_named_outside_the_taxi_use_case():
-    pattern = re.compile(r"\b(" + "|".join(TAXI_COLUMNS) + r")\b")
+@pytest.mark.parametrize("use_case, names", [("taxi", TAXI_COLUMNS), ("images", IMAGES_NAMES)])
+def test_no_use_case_name_is_named_outside_its_folder(use_case, names):
+    pattern = re.compile(r"\b(" + "|".join(names) + r")", re.IGNORECASE)
     found = [
         f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
-        for path in _product_modules()
+        for path in _product_modules(use_case)
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if pattern.search(line)
     ]
-    assert len(list(_product_modules())) > 50  # the scan saw the tree
+    assert len(list(_product_modules(use_case))) > 50  # the scan saw the tree
     assert found == []
 
 
@@ -59,5 +62,5 @@ def _packages() -> list[str]:
 def test_readme_layout_names_every_package(package):
     readme = (REPO_ROOT / "README.md").read_text()
     layout = readme[readme.index("## Layout") : readme.index("\n## ", readme.index("## Layout"))]
-    named = package.replace("use_cases/taxi", "use_cases/<name>")
+    named = re.sub(r"use_cases/[^/]+", "use_cases/<name>", package)
     assert f"`{named}/`" in layout or f"`{named}/" in layout, f"README's Layout lacks {package}/"

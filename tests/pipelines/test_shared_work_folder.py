@@ -148,7 +148,7 @@ def test_commands_share_the_store_and_runs_take_turns(tmp_path, cli_in_backgroun
 
 
 def test_serve_says_once_that_a_configured_store_is_gone_and_goes_on_when_it_is_back(
-    use_case_model, tmp_path, cli_in_background, monkeypatch
+    tabular_use_case_model, tmp_path, cli_in_background, monkeypatch
 ):
     """A store the user runs (AWS_ENDPOINT_URL_S3) is not the command's to start: `serve` says
     once that it went away, answers from its local copy meanwhile, and reads the store again
@@ -157,17 +157,18 @@ def test_serve_says_once_that_a_configured_store_is_gone_and_goes_on_when_it_is_
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     users = EmbeddedObjectStore(tmp_path / "users-store" / "data").start()
     users.create_bucket("users")
-    model = use_case_model.model_name
+    model = tabular_use_case_model.model_name
     folder = f"s3://users/serving/{model}"
-    rows = use_case_model.to_examples(use_case_model.eval_frame.head(4), with_label=False)
-    push(folder, model, use_case_model.fn_args.serving_model_dir, 1, rows)
+    model_of = tabular_use_case_model
+    rows = model_of.to_examples(model_of.eval_frame.head(4), with_label=False)
+    push(folder, model, tabular_use_case_model.fn_args.serving_model_dir, 1, rows)
     port = free_port()
     server = cli_in_background(
         "serve", "--port", str(port), "--poll-seconds", "1", AWS_ENDPOINT_URL_S3=users.endpoint,
-        PIPELINE_USE_CASE=use_case_model.name, PIPELINE_SERVING_ROOT="s3://users/serving",
+        PIPELINE_USE_CASE=tabular_use_case_model.name, PIPELINE_SERVING_ROOT="s3://users/serving",
     )  # fmt: skip
     server.wait_for("Version 1 serves")
-    client = ServingClient(f"http://127.0.0.1:{port}", model, use_case=use_case_model.name)
+    client = ServingClient(f"http://127.0.0.1:{port}", model, use_case=tabular_use_case_model.name)
 
     users.shutdown()
     line = server.wait_for(f"Object store at {users.endpoint} does not answer")

@@ -31,10 +31,11 @@ from tfx.types import Channel, artifact_utils, standard_artifacts
 from tfx.types.standard_artifact_utils import ARTIFACT_TFX_VERSION_CUSTOM_PROPERTY_KEY
 from tfx.utils import path_utils
 
-from components.base import registry, storage
+from components.base import registry, spans, storage
+from components.base.use_case import load as load_use_case
 from components.steps import warmup
 from components.steps.baseline import BASELINE_VERSION_KEY, LatestPushedModelExecutor
-from components.steps.example_gen import ExampleGenInputError, Executor, SpanCsvExampleGen
+from components.steps.example_gen import ExampleGenInputError, Executor, SpanExampleGen
 from components.steps.pusher import VersionedPusherExecutor, push_version
 from components.steps.span_selection import (
     LATEST_SPAN,
@@ -80,13 +81,15 @@ def _write_files(root: str, files: dict[str, bytes]) -> None:
 
 
 def _select_spans(input_base: str, span: int, tmp_path, window: int = 1, force: int = 0,
-                  serving_root: str = "") -> tuple[SpanSelection, TrainingDecision]:  # fmt: skip
+                  serving_root: str = "", use_case: str = "taxi",
+                  ) -> tuple[SpanSelection, TrainingDecision]:  # fmt: skip
     """Runs SelectSpans' executor with the exec_properties its component compiles to."""
     selection, decision = SpanSelection(), TrainingDecision()
     selection.uri, decision.uri = str(tmp_path / "selection"), str(tmp_path / "decision")
     component = SelectSpans(
         data_root=input_base, span=span, window_spans=window, success_marker="_SUCCESS",
         force=force, serving_root=serving_root or str(tmp_path / "serving"), model_name=MODEL_NAME,
+        input_format=load_use_case(use_case).input_format,
     )  # fmt: skip
     SelectSpansExecutor().Do(
         {}, {"selection": [selection], "decision": [decision]}, dict(component.exec_properties)
@@ -95,13 +98,19 @@ def _select_spans(input_base: str, span: int, tmp_path, window: int = 1, force: 
 
 
 def _run_example_gen(
-    input_base: str, span: int, tmp_path, window: int = 1
+    input_base: str, span: int, tmp_path, window: int = 1, use_case: str = "taxi"
 ) -> standard_artifacts.Examples:
-    """Runs SelectSpans, then the ExampleGen executor on its selection, as the pipeline does."""
-    selection, _ = _select_spans(input_base, span, tmp_path, window)
+    """Runs SelectSpans, then the ExampleGen executor on its selection, as the pipeline does
+    for `use_case` (its input format and options)."""
+    selection, _ = _select_spans(input_base, span, tmp_path, window, use_case=use_case)
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp_path / "examples")
-    component = SpanCsvExampleGen(selection=Channel(type=SpanSelection), input_base=input_base)
+    case = load_use_case(use_case)
+    component = SpanExampleGen(
+        selection=Channel(type=SpanSelection), input_base=input_base,
+        input_format=case.input_format, input_options=case.input_options,
+        serving_root=str(tmp_path / "serving"), model_name=MODEL_NAME,
+    )  # fmt: skip
     Executor().Do(
         {"selection": [selection]}, {"examples": [examples]}, dict(component.exec_properties)
     )
@@ -219,7 +228,7 @@ def test_example_gen_unknown_span_names_the_span_the_root_and_the_spans_there(
     data.write_span(data_root, 1, 20, use_case=shipped_use_case)
 
     with pytest.raises(ExampleGenInputError) as raised:
-        _run_example_gen(data_root, 5, tmp_path)
+        _run_example_gen(data_root, 5, tmp_path, use_case=shipped_use_case)
 
     message = str(raised.value)
     assert "span 5 requested" in message
@@ -249,9 +258,10 @@ def test_example_gen_span_folder_without_csv_names_the_folder(
     storage.write_bytes(storage.join(data_root, "span-1", "_SUCCESS"), b"")
 
     with pytest.raises(ExampleGenInputError) as raised:
-        _run_example_gen(data_root, LATEST_SPAN, tmp_path)
+        _run_example_gen(data_root, LATEST_SPAN, tmp_path, use_case=shipped_use_case)
 
-    assert str(raised.value).startswith(f"{data_root}/span-1/ holds no .csv or .csv.gz files")
+    what = spans.describe_files(load_use_case(shipped_use_case).input_format)
+    assert str(raised.value).startswith(f"{data_root}/span-1/ holds no {what}")
 
 
 def test_a_span_without_its_success_marker_is_never_read(shipped_use_case, object_store, tmp_path):
@@ -260,15 +270,15 @@ def test_a_span_without_its_success_marker_is_never_read(shipped_use_case, objec
     data.write_span(data_root, 0, 20, use_case=shipped_use_case)
     data.write_span(data_root, 1, 20, marker="", use_case=shipped_use_case)
 
-    selection, _ = _select_spans(data_root, LATEST_SPAN, tmp_path)
+    selection, _ = _select_spans(data_root, LATEST_SPAN, tmp_path, use_case=shipped_use_case)
     assert selection.get_int_custom_property("span") == 0
     incomplete = r"span 1 under .* is not complete: .*'_SUCCESS'"
     with pytest.raises(ExampleGenInputError, match=incomplete):
-        _select_spans(data_root, 1, tmp_path)
+        _select_spans(data_root, 1, tmp_path, use_case=shipped_use_case)
     only_incomplete = f"s3://{object_store.new_bucket('eg-marker2')}/data"
     data.write_span(only_incomplete, 0, 20, marker="", use_case=shipped_use_case)
     with pytest.raises(ExampleGenInputError, match=r"no span under .*without it: \[0\]"):
-        _select_spans(only_incomplete, LATEST_SPAN, tmp_path)
+        _select_spans(only_incomplete, LATEST_SPAN, tmp_path, use_case=shipped_use_case)
 
 
 def test_a_window_trains_on_older_spans_and_evaluates_on_the_newest_only(
@@ -278,7 +288,9 @@ def test_a_window_trains_on_older_spans_and_evaluates_on_the_newest_only(
     for span, rows in ((0, 30), (1, 40), (2, 50)):
         data.write_span(data_root, span, rows, use_case=shipped_use_case)
 
-    examples = _run_example_gen(data_root, LATEST_SPAN, tmp_path, window=2)
+    examples = _run_example_gen(
+        data_root, LATEST_SPAN, tmp_path, window=2, use_case=shipped_use_case
+    )
 
     assert examples.span == 2 and examples.get_string_custom_property("spans") == "[1, 2]"
     counts = _split_counts(examples)
@@ -292,26 +304,33 @@ def test_select_spans_says_no_new_data_for_a_trained_input_unless_forced(
     bucket = object_store.new_bucket("select")
     data_root, serving_root = f"s3://{bucket}/data", f"s3://{bucket}/serving"
     data.write_span(data_root, 0, 20, use_case=shipped_use_case)
-    selection, decision = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+
+    def select(force: int = 0):
+        return _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root,
+                             force=force, use_case=shipped_use_case)  # fmt: skip
+
+    selection, decision = select()
     assert decision.get_int_custom_property("train") == 1
     fingerprint = selection.get_string_custom_property("input_fingerprint")
     registry.record_trained(f"{serving_root}/{MODEL_NAME}", fingerprint,
                             {"time": "t", "pushed_version": 3})  # fmt: skip
 
-    _, again = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+    _, again = select()
     assert again.get_int_custom_property("train") == 0
     reason = again.get_string_custom_property("reason")
     assert "no new data since span 0" in reason and "version 3 was pushed" in reason
     assert "force=1" in reason
-    _, forced = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root, force=1)
+    _, forced = select(force=1)
     assert forced.get_int_custom_property("train") == 1
     # The same bytes uploaded again are the same data; a changed file is new data.
-    frame = storage.read_bytes(f"{data_root}/span-0/part-00000.csv")
-    storage.write_bytes(f"{data_root}/span-0/part-00000.csv", frame)
-    _, same = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+    first = json.loads(storage.read_bytes(f"{selection.uri}/selection.json"))["spans"]["0"]
+    path = first["files"][0]
+    content = storage.read_bytes(path)
+    storage.write_bytes(path, content)
+    _, same = select()
     assert same.get_int_custom_property("train") == 0
-    storage.write_bytes(f"{data_root}/span-0/part-00000.csv", frame.replace(b"Cash", b"CASH", 1))
-    _, changed = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
+    storage.write_bytes(path, content[:-1] + bytes([content[-1] ^ 1]))
+    _, changed = select()
     assert changed.get_int_custom_property("train") == 1
 
 
@@ -343,7 +362,7 @@ def test_example_gen_reads_an_explicitly_requested_older_span(
     data.write_span(data_root, 0, 37, use_case=shipped_use_case)
     data.write_span(data_root, 1, 61, use_case=shipped_use_case)
 
-    examples = _run_example_gen(data_root, 0, tmp_path)
+    examples = _run_example_gen(data_root, 0, tmp_path, use_case=shipped_use_case)
 
     assert examples.span == 0
     assert examples.get_string_custom_property("input_base") == data_root

@@ -16,20 +16,33 @@ from components.steps import kfp_artifacts, report_html, run_report
 from components.steps.auc_text import AUC_UNDEFINED_KEY
 from components.steps.baseline import BASELINE_VERSION_KEY, NO_BASELINE
 from components.steps.evaluation import VERDICT_FILE, ThresholdEvaluatorExecutor
+from components.steps.example_gen import CLASS_NAMES_KEY
 from pipelines.run_summary import RunSummary, format_summary
 
 ONE_LABEL = "n/a: every example of this slice has label 0 (AUC needs both labels)"
 
 
-def _evaluate(tmp_path, fn_args, use_case, rows: list[bytes]):
+def one_label(model, label) -> str:
+    """The reason an undefined AUC gives for a slice whose examples all carry `label` (an index):
+    a binary model names the label's value, a multi-class one its class."""
+    if model.kit.images:
+        return (f"n/a: every example of this slice has label {model.kit.class_names[label]} "
+                "(AUC needs several labels)")  # fmt: skip
+    return ONE_LABEL.replace("label 0", f"label {label}")
+
+
+def _evaluate(tmp_path, fn_args, use_case, rows: list[bytes], class_names=None):
     """The ThresholdEvaluator's executor as the pipeline runs it (first model: no baseline);
-    returns its verdict.json and the blessing."""
+    returns its verdict.json and the blessing. `class_names`: the classes ExampleGen records on
+    the examples of an image use case."""
     model = standard_artifacts.Model()
     model.uri = str(tmp_path / "model")
     shutil.copytree(fn_args.serving_model_dir, path_utils.serving_model_dir(model.uri))
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp_path / "examples")
     examples.split_names = artifact_utils.encode_split_names(["eval"])
+    if class_names:
+        examples.set_string_custom_property(CLASS_NAMES_KEY, json.dumps(class_names))
     path = f"{examples.uri}/Split-eval/data_tfrecord-00000-of-00001.gz"
     storage.write_bytes(path, b"")
     with tf.io.TFRecordWriter(path, options="GZIP") as writer:
@@ -68,10 +81,11 @@ def test_a_slice_of_one_label_has_no_auc_and_every_reader_says_why(use_case_mode
     frame = use_case_model.eval_frame.copy()
     value, chosen = one_slice(frame, key)
     frame.loc[chosen, label] = 0  # one label in that slice
-    assert frame.loc[~chosen, label].nunique() == 2
+    assert frame.loc[~chosen, label].nunique() >= 2
     name = f"{key}={value}"
 
-    verdict, _ = _evaluate(tmp_path, fn_args, use_case, use_case_model.to_examples(frame))
+    classes = use_case_model.kit.class_names if use_case_model.kit.images else None
+    verdict, _ = _evaluate(tmp_path, fn_args, use_case, use_case_model.to_examples(frame), classes)
 
     metrics = verdict["metrics"]  # also what the Pusher records in the registry
     assert metrics[name]["example_count"] == chosen.sum()
@@ -85,7 +99,7 @@ def test_a_slice_of_one_label_has_no_auc_and_every_reader_says_why(use_case_mode
     for slice_value, (count, first) in labels.iterrows():
         values = metrics[f"{key}={slice_value}"]
         if count == 1:
-            reason = ONE_LABEL.replace("label 0", f"label {first}")
+            reason = one_label(use_case_model, first)
             assert values["auc"] is None and values[AUC_UNDEFINED_KEY] == reason
             assert f"{key + '=' + str(slice_value):<32} auc={reason}" in summary
         else:
@@ -95,9 +109,12 @@ def test_a_slice_of_one_label_has_no_auc_and_every_reader_says_why(use_case_mode
              "metrics": metrics, "failures": [], "auc": metrics["overall"]["auc"],
              "auc_change": None, "baseline_auc": None, "blessed": True, "pushed_version": 1,
              "not_pushed_reason": "", "curve": [], "confusion": {}, "steps": {},
-             "class_names": list(use_case.class_names)}  # fmt: skip
+             "class_names": verdict.get("class_names") or list(use_case.class_names),
+             "multi_class": bool(classes), "matrix": verdict.get("confusion_matrix"),
+             "samples": verdict.get("samples", [])}  # fmt: skip
     page = report_html.render(facts)
-    assert f"<td>{name}</td><td>{chosen.sum()}</td><td>{ONE_LABEL}</td>" in page
+    reason = one_label(use_case_model, 0)
+    assert f"<td>{name}</td><td>{chosen.sum()}</td><td>{reason}</td>" in page
 
 
 def test_kubeflow_metrics_carry_the_reason_when_the_overall_auc_is_undefined():
@@ -119,9 +136,11 @@ def test_eval_data_of_one_label_blesses_no_model(use_case_model, tmp_path):
     use_case = use_case_model.use_case
     frame = use_case_model.eval_frame.assign(**{use_case.label_key: 0})
 
+    classes = use_case_model.kit.class_names if use_case_model.kit.images else None
     verdict, blessing = _evaluate(tmp_path, use_case_model.fn_args, use_case,
-                                  use_case_model.to_examples(frame))  # fmt: skip
+                                  use_case_model.to_examples(frame), classes)  # fmt: skip
 
     assert blessing.get_int_custom_property("blessed") == 0
     assert verdict["metrics"]["overall"]["auc"] is None
-    assert f"AUC {ONE_LABEL}: the model cannot be judged on this eval data" in verdict["failures"]
+    reason = one_label(use_case_model, 0)
+    assert f"AUC {reason}: the model cannot be judged on this eval data" in verdict["failures"]

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import importlib
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,6 +36,8 @@ from tfx.utils import io_utils
 
 from components.base import use_case as use_cases
 from components.base.config import REPO_ROOT, PipelineConfig
+from components.base.use_case import IMAGE_FOLDERS
+from components.steps import image_input
 from components.training import loop
 from pipelines.pipeline import schema_path, trainer_config
 
@@ -65,8 +68,8 @@ class TestSettings:
     trainer: Mapping[str, Any]
     # Runs of the compiled pipeline (KFP 2.5 harness, containers): the rows of each span, bars
     # far below what such a run's model reaches (so only a broken step fails them), an AUC bar
-    # no model of this data reaches, and by how much the mean probability of the label's last
-    # class is higher on rows of that class than on the others' at least.
+    # no model of this data reaches, and the least `Kit.separation` of such a model (how much
+    # more probable it finds a row's own class than other rows find it).
     span_rows: int
     run_bars: Mapping[str, float]
     unreachable_auc: float
@@ -134,7 +137,39 @@ class Kit:
             if in_environment(feature, schema, SERVING_ENVIRONMENT)
         }
         assert self.use_case.label_key not in self.serving_feature_spec, name
-        self.generate_span: Callable[..., pd.DataFrame] = self.use_case.function("generate_span")
+        self.images = self.use_case.input_format == IMAGE_FOLDERS
+
+    def generate_span(self, num_rows: int, span: int, seed: int = 42, **options) -> pd.DataFrame:
+        """The use case's generated rows as a frame of raw columns: its generator's DataFrame, or
+        for images the features ExampleGen writes for each generated file (its path relative to
+        the data root, the classes in sorted folder order)."""
+        generate = self.use_case.function("generate_span")
+        if not self.images:
+            return generate(num_rows, span, seed=seed, **options)
+        files = generate(num_rows, span, seed=seed, **options)
+        classes = self.class_names
+        bounds = image_input.image_options(self.use_case.input_options)
+        records = []
+        for path, data in files:
+            info, why = image_input.inspect_image(data, bounds)
+            assert info is not None, f"{path}: {why}"
+            folder = path.split("/")[0]
+            records.append({
+                image_input.IMAGE_KEY: data, image_input.LABEL_KEY: classes.index(folder),
+                image_input.LABEL_NAME_KEY: folder, image_input.HEIGHT_KEY: info["height"],
+                image_input.WIDTH_KEY: info["width"], image_input.CHANNELS_KEY: info["channels"],
+                image_input.PATH_KEY: f"span-{span}/{path}",
+            })  # fmt: skip
+        return pd.DataFrame(records)
+
+    @functools.cached_property
+    def class_names(self) -> list[str]:
+        """The classes a model of this use case predicts: the use case's own, or for images the
+        class folders of a generated span (ExampleGen's vocabulary: sorted folder names)."""
+        if not self.images:
+            return list(self.use_case.class_names)
+        generate = self.use_case.function("generate_span")
+        return sorted({path.split("/")[0] for path, _ in generate(200, 0)})
 
     @functools.cached_property
     def settings(self) -> TestSettings:
@@ -148,6 +183,41 @@ class Kit:
     def config(self, **values) -> PipelineConfig:
         """The config a user of this use case gets (its defaults), with `values` set."""
         return PipelineConfig.load({"use_case": self.name, **values}, environ={})
+
+    # -- a pushed model's answers on a written span ---------------------------------------------
+
+    def served_scores(self, model_dir: str, data_root: str, span: int, limit: int):
+        """(scores [rows, classes], true label index per row) of a pushed model on the first
+        `limit` rows of a written span, sent as a client sends them: a CSV file's rows as
+        tf.Examples, or for images the files' bytes to the raw_features signature."""
+        from components.base import spans, storage
+        from pipelines.serving import samples
+
+        span_dir = f"{data_root}/{spans.SPAN_PREFIX}{span}/"
+        if not self.images:
+            rows = samples.read_rows(storage.list_files(span_dir + "*.csv")[0], limit)
+            p = np.array(samples.predict(model_dir, rows, self.use_case))
+            labels = np.array([int(r[self.use_case.label_key]) for r in rows])
+            return np.stack([1 - p, p], axis=1), labels
+        from components.training.export import RAW_SIGNATURE
+
+        infos = spans.span_files(span_dir, spans.IMAGE_FOLDERS)[:limit]
+        with tempfile.TemporaryDirectory() as local:
+            storage.copy_tree(model_dir, local)
+            signature = tf.saved_model.load(local).signatures[RAW_SIGNATURE]
+            images = tf.constant([storage.read_bytes(info.path) for info in infos])
+            scores = signature(image=images)["scores"].numpy()
+        folders = [info.path[len(span_dir) :].split("/")[0] for info in infos]
+        return scores, np.array([self.class_names.index(f) for f in folders])
+
+    def separation(self, model_dir: str, data_root: str, span: int, limit: int) -> float:
+        """How much more probable a pushed model finds each row's own class than other rows find
+        it, averaged over the classes present (the binary case: P(positive) on positive rows
+        minus P(positive) on negative ones); an untrained model's is about 0."""
+        scores, labels = self.served_scores(model_dir, data_root, span, limit)
+        gaps = [scores[labels == c, c].mean() - scores[labels != c, c].mean()
+                for c in np.unique(labels) if (labels != c).any()]  # fmt: skip
+        return float(np.mean(gaps))
 
     # -- raw rows -----------------------------------------------------------------------------
 
@@ -240,6 +310,8 @@ class Kit:
         settings.pop("checkpoint_root")
         # What the Trainer step adds from its run parameters (components/steps/trainer.py).
         settings.update(epochs=config.epochs, max_train_minutes=config.max_train_minutes)
+        if self.images:  # what the Trainer step takes from ExampleGen's examples
+            settings["class_names"] = self.class_names
         return {**settings, **self.settings.trainer, **overrides}
 
     def transform(self, folder: Path) -> Transformed:
@@ -385,4 +457,15 @@ def session_models(tmp_path_factory) -> SessionModels:
 def use_case_model(request, session_models) -> TrainedModel:
     """Each shipped use case in turn with its trained model, eval frame and example encoder;
     a generic test that takes it runs once per use case (test IDs `[<name>]`)."""
+    return session_models.trained(request.param)
+
+
+TABULAR = [n for n in use_cases.shipped() if use_cases.load(n).input_format == use_cases.CSV]
+
+
+@pytest.fixture(scope="session", params=TABULAR)
+def tabular_use_case_model(request, session_models) -> TrainedModel:
+    """`use_case_model` for each shipped use case of CSV rows: for tests that send a client's
+    rows read from a span's CSV files (serving, the REST contract of a binary model); an image
+    use case's serving has its own tests (tests/use_cases/images/)."""
     return session_models.trained(request.param)

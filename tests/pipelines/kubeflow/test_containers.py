@@ -31,7 +31,6 @@ from components.base.registry import complete_versions as pushed_versions
 from components.base.registry import versions_dir as serving_model_dir
 from pipelines import data
 from pipelines.kubeflow import images, kubeflow_runner
-from pipelines.serving import samples as serving
 from tests.stand_ins import kfp_harness
 from tests.stand_ins.kfp_containers import ContainerRuntime, missing_for_images
 from tests.use_cases import kit
@@ -129,7 +128,6 @@ def test_compiled_spec_runs_each_task_in_its_own_container_and_pushes(
 ):
     engine, image, build_seconds = step_image
     config, settings = _config_for_this_machine(name), kit.of(name).settings
-    served = use_case.load(name)
     spec, platform = kubeflow_runner.compile_documents(config)
     bucket = object_store.new_bucket("containers")
     data_root, serving_root = f"s3://{bucket}/data", f"s3://{bucket}/serving"
@@ -148,8 +146,8 @@ def test_compiled_spec_runs_each_task_in_its_own_container_and_pushes(
     versions = pushed_versions(model_dir)
     assert list(versions) == [1]
     assert registry.served_version(model_dir, config.model_name) == 1
-    rows = serving.read_rows(storage.list_files(data_root + "/span-0/*.csv")[0], 50)
-    assert len(serving.predict(versions[1], rows, served)) == 50
+    scores, _ = kit.of(name).served_scores(versions[1], data_root, 0, 50)
+    assert scores.shape == (50, len(kit.of(name).class_names))
     # The step's log comes from inside its container: the image's paths, not the host's.
     log = storage.read_bytes(run.outputs("trainer")["executor-logs"]["uri"]).decode()
     assert "/opt/venv/lib/python3.10" in log or "components.steps.trainer" in log

@@ -6,9 +6,11 @@ pipelines/serving/tfs_json.py and pipelines/serving/servable.py). The server run
 loopback; the versions come from a real SeaweedFS store through the same mirror the Kubernetes
 sidecar uses.
 
-Every test runs once per shipped use case, on the session's model of it (`use_case_model`,
-tests/use_cases/kit.py): the model's name is the use case's, and each feature a check needs is
-picked from its serving spec by kind and presence (`required_feature`, `feature_of_kind`).
+Every test runs once per shipped use case of CSV rows, on the session's model of it
+(`tabular_use_case_model`, tests/use_cases/kit.py): the model's name is the use case's, and each
+feature a check needs is picked from its serving spec by kind and presence (`required_feature`,
+`feature_of_kind`). An image model's requests (base64 images) are tested in
+tests/use_cases/images/test_serving.py.
 """
 
 import base64
@@ -70,9 +72,9 @@ def feature_of_kind(spec: dict, dtype: tf.DType) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def served(object_store, use_case_model, tmp_path_factory):
-    fn_args, eval_frame = use_case_model.fn_args, use_case_model.eval_frame
-    to_examples, model_name = use_case_model.to_examples, use_case_model.model_name
+def served(object_store, tabular_use_case_model, tmp_path_factory):
+    fn_args, eval_frame = tabular_use_case_model.fn_args, tabular_use_case_model.eval_frame
+    to_examples, model_name = tabular_use_case_model.to_examples, tabular_use_case_model.model_name
     folder = f"s3://{object_store.new_bucket('serve')}/serving/{model_name}"
     examples = to_examples(eval_frame.head(16), with_label=False)
     push(folder, model_name, fn_args.serving_model_dir, 1, examples)
@@ -87,10 +89,10 @@ def served(object_store, use_case_model, tmp_path_factory):
     expected = model.signatures[SERVING_SIGNATURE](
         examples=tf.constant(to_examples(eval_frame.head(ROWS), with_label=False))
     )["outputs"].numpy()[:, 0]
-    spec = use_case_model.kit.serving_feature_spec
+    spec = tabular_use_case_model.kit.serving_feature_spec
     yield dict(url=server.url, manager=manager, folder=folder, said=said, rows=rows,
                expected=expected, model_dir=fn_args.serving_model_dir, examples=examples,
-               model=model_name, use_case=use_case_model.use_case, spec=spec)  # fmt: skip
+               model=model_name, use_case=tabular_use_case_model.use_case, spec=spec)  # fmt: skip
     server.stop()
     manager.stop()
 

@@ -1,6 +1,7 @@
 """`tkp serve` follows the model config file without a restart: a push, a rollback and a broken
 version while requests flow; and `tkp serve` / `tkp serving-sync` as a user runs them. The tests
-with a model run once per shipped use case, on the session's model of it (`use_case_model`)."""
+with a model run once per shipped use case of CSV rows, on the session's model of it
+(`tabular_use_case_model`)."""
 
 import socket
 import threading
@@ -51,12 +52,12 @@ class Traffic:
 
 
 def test_push_rollback_and_a_broken_version_while_requests_flow(
-    object_store, use_case_model, tmp_path
+    object_store, tabular_use_case_model, tmp_path
 ):
-    fn_args, eval_frame = use_case_model.fn_args, use_case_model.eval_frame
-    model = use_case_model.model_name
+    fn_args, eval_frame = tabular_use_case_model.fn_args, tabular_use_case_model.eval_frame
+    model = tabular_use_case_model.model_name
     folder = f"s3://{object_store.new_bucket('reload')}/serving/{model}"
-    examples = use_case_model.to_examples(eval_frame.head(16), with_label=False)
+    examples = tabular_use_case_model.to_examples(eval_frame.head(16), with_label=False)
     push(folder, model, fn_args.serving_model_dir, 1, examples)
     cache = tmp_path / "cache"
     manager = ModelManager(model, folder, cache, poll_seconds=0.3)
@@ -65,7 +66,7 @@ def test_push_rollback_and_a_broken_version_while_requests_flow(
     manager.poll()
     manager.start()
     server = start_in_thread(manager)
-    client = ServingClient(server.url, model, use_case=use_case_model.name)
+    client = ServingClient(server.url, model, use_case=tabular_use_case_model.name)
     traffic = Traffic(client, frame_rows(eval_frame.head(4)))
     try:
         wait_until(lambda: traffic.answered > 5, "the first answers")
@@ -115,18 +116,19 @@ def client_status(manager: ModelManager, model: str) -> list[dict]:
 
 
 def test_serve_and_serving_sync_from_the_command_line(
-    object_store, use_case_model, tmp_path, cli_in_background
+    object_store, tabular_use_case_model, tmp_path, cli_in_background
 ):
     from tests.pipelines.cli_process import run
 
-    fn_args, eval_frame = use_case_model.fn_args, use_case_model.eval_frame
-    model = use_case_model.model_name
+    fn_args, eval_frame = tabular_use_case_model.fn_args, tabular_use_case_model.eval_frame
+    model = tabular_use_case_model.model_name
     bucket = object_store.new_bucket("serve-cli")
     folder = f"s3://{bucket}/serving/{model}"
     push(folder, model, fn_args.serving_model_dir, 1,
-         use_case_model.to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
+         tabular_use_case_model.to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
     # The use case's config, as a user of it sets it (its model name is a default of it).
-    env = dict(AWS_ENDPOINT_URL_S3=object_store.endpoint, PIPELINE_USE_CASE=use_case_model.name,
+    env = dict(AWS_ENDPOINT_URL_S3=object_store.endpoint,
+               PIPELINE_USE_CASE=tabular_use_case_model.name,
                PIPELINE_SERVING_ROOT=f"s3://{bucket}/serving")  # fmt: skip
 
     synced = run(tmp_path, "serving-sync", "--target", str(tmp_path / "models"), "--once", **env)
@@ -140,7 +142,7 @@ def test_serve_and_serving_sync_from_the_command_line(
     server = cli_in_background("serve", "--port", str(port), "--poll-seconds", "0.5", **env)
     server.wait_for("Version 1 serves")
     server.wait_for("TF Serving REST API at")
-    client = ServingClient(f"http://127.0.0.1:{port}", model, use_case=use_case_model.name)
+    client = ServingClient(f"http://127.0.0.1:{port}", model, use_case=tabular_use_case_model.name)
     assert len(client.predict_examples(frame_rows(eval_frame.head(3)))) == 3
     registry.write_record(folder, 1, {})
     storage.write_bytes(f"{folder}/{registry.MODEL_CONFIG_FILE}", b"not a config {")
@@ -178,7 +180,7 @@ def test_a_copy_made_from_another_store_is_not_served_as_this_ones(object_store,
 
 
 def test_bench_serving_measures_the_server_next_to_the_saved_model(
-    object_store, use_case_model, tmp_path, monkeypatch
+    object_store, tabular_use_case_model, tmp_path, monkeypatch
 ):
     """A small run of `tkp bench-serving`'s measurement: `tkp serve` as its own process, the
     SavedModel in this one, each batch size at 1 and at N requests in flight."""
@@ -186,15 +188,15 @@ def test_bench_serving_measures_the_server_next_to_the_saved_model(
     from pipelines import data
     from pipelines.bench import bench_serving
 
-    fn_args, eval_frame = use_case_model.fn_args, use_case_model.eval_frame
+    fn_args, eval_frame = tabular_use_case_model.fn_args, tabular_use_case_model.eval_frame
     bucket = object_store.new_bucket("bench")
     config = PipelineConfig.load(
-        {"use_case": use_case_model.name, "serving_root": f"s3://{bucket}/serving",
+        {"use_case": tabular_use_case_model.name, "serving_root": f"s3://{bucket}/serving",
          "data_root": f"s3://{bucket}/data"}, environ={},
     )  # fmt: skip
     push(config.serving_model_dir, config.model_name, fn_args.serving_model_dir, 1,
-         use_case_model.to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
-    data.write_span(config.data_root, 0, 50, use_case=use_case_model.name)
+         tabular_use_case_model.to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
+    data.write_span(config.data_root, 0, 50, use_case=tabular_use_case_model.name)
     monkeypatch.setenv("PIPELINE_WORK_DIR", str(tmp_path))  # the server's log
     said: list[str] = []
 
