@@ -66,8 +66,9 @@ format: venv
 	$(VENV)/bin/ruff check --fix pipelines components tests
 	$(VENV)/bin/ruff format pipelines components tests
 
+# --durations: the slowest tests' times in every log, so CI's budget can be watched.
 test: lint
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q --durations=30 $(ARGS)
 
 # What CI runs on a clean machine (.ci/run: the container tests' Debian packages, then make test).
 ci:

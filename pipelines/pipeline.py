@@ -54,6 +54,7 @@ def trainer_config(config: PipelineConfig) -> dict:
     return {
         "use_case": config.use_case,
         "hyperparameters": json.loads(config.hyperparameters),
+        "initial_weights": config.initial_weights,
         "batch_size": config.batch_size,
         "learning_rate": config.learning_rate,
         "mixed_precision": config.mixed_precision,

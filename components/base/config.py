@@ -107,6 +107,11 @@ class PipelineConfig:
     # The model's own settings as a JSON object, over the use case's defaults (its
     # `hyperparameters`): `--set 'hyperparameters={"hidden_units": [128, 64]}'`.
     hyperparameters: str = "{}"
+    # Images: a Keras weights file (.h5) the model starts from instead of random weights, for
+    # fine-tuning: on the object store (s3://, gs://) or a local path, since no model hub is
+    # reachable from a cluster's pods. The whole model's weights (a previous training's), or an
+    # EfficientNetV2 backbone's without its top ("notop"). "": from scratch.
+    initial_weights: str = ""
     mixed_precision: str = "auto"  # auto: on when a GPU is present
     # How training is distributed (components/training/distribution.py): auto, one_device, mirrored
     # or multi_worker; `num_workers` > 1 trains on that many machines (local: processes on
@@ -214,6 +219,9 @@ class PipelineConfig:
                 values = {**use_case.config_defaults, **values}
                 given = json.loads(values.get("hyperparameters", "{}"))
                 found += [("hyperparameters", p) for p in use_case.hyperparameter_problems(given)]
+                if values.get("initial_weights") and use_case.input_format != IMAGE_FOLDERS:
+                    found.append(("initial_weights", "initial_weights is for use cases of "
+                                  f"images; {use_case.name!r} trains from scratch"))  # fmt: skip
                 if values.get("class_names") and use_case.input_format != IMAGE_FOLDERS:
                     found.append(("class_names", f"class_names is for use cases whose classes "
                                   f"are folders of images; {use_case.name!r} names its classes "
@@ -575,6 +583,7 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "batch_size": _at_least(1),
     "learning_rate": _positive,
     "hyperparameters": _json_object,
+    "initial_weights": lambda name, value: _storage_root(name, value) if value else None,
     "mixed_precision": _one_of("auto", "on", "off"),
     "strategy": _strategy,
     "num_workers": _between(1, 64),

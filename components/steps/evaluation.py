@@ -196,7 +196,9 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
         not_compared = None
         if baselines:
             candidate, examples = input_dict["model"][0], input_dict["examples"][0]
-            not_compared = not_comparable(baselines[0], candidate, examples)
+            not_compared = other_classes(baselines[0], class_names) or not_comparable(
+                baselines[0], candidate, examples
+            )
         if not_compared:
             baselines = []
         if baselines:
@@ -236,6 +238,24 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
                 input_dict["model"][0], input_dict["examples"][0], class_names
             )
         storage.write_bytes(storage.join(blessing.uri, VERDICT_FILE), json.dumps(verdict).encode())
+
+
+def other_classes(baseline, class_names: list[str] | None) -> str | None:
+    """Why the served model `baseline` cannot be compared with a multi-class candidate over
+    `class_names`: it knows other classes, or orders them otherwise (its output i is another
+    class), after a config change of class_names. None when they agree or the model is binary."""
+    from components.training.export import CLASS_NAMES_PATH
+
+    if not class_names:
+        return None
+    path = storage.join(path_utils.serving_model_path(baseline.uri), CLASS_NAMES_PATH)
+    served = json.loads(storage.read_bytes(path)) if storage.list_files(path) else None
+    if served == list(class_names):
+        return None
+    version = baseline.get_int_custom_property(BASELINE_VERSION_KEY)
+    return (f"served version {version} predicts the classes {served or 'of another model'}, this "
+            f"model {list(class_names)}: judged on the thresholds alone; the next run compares "
+            "with this model")  # fmt: skip
 
 
 def not_comparable(baseline, model, examples) -> str | None:
@@ -409,13 +429,18 @@ def multi_class_matrices(uri: str) -> dict[str, list[list[float]]]:
 
 
 def one_class_present(matrix: list[list[float]], class_names: list[str]) -> str | None:
-    """Why a slice's macro-averaged AUC is undefined: its examples are all of one class (each
-    class's one-vs-rest curve needs examples in and out of it)."""
-    present = [i for i, row in enumerate(matrix) if sum(row)]
-    if len(present) != 1:
-        return None
-    label = class_names[present[0]] if present[0] < len(class_names) else present[0]
-    return f"n/a: every example of this slice has label {label} (AUC needs several labels)"
+    """Why a slice's macro-averaged AUC is undefined: its examples are all of one class, or a
+    class has none (each class's one-vs-rest curve needs examples in and out of it; TFMA would
+    count a class without examples as an AUC of 0 in the average)."""
+    present = [i for i, row in enumerate(matrix) if sum(row) and i < len(class_names)]
+    if len(present) == 1:
+        return (f"n/a: every example of this slice has label {class_names[present[0]]} (AUC "
+                "needs several labels)")  # fmt: skip
+    missing = [name for i, name in enumerate(class_names) if i not in present]
+    if present and missing:
+        return (f"n/a: no example of class {', '.join(missing)} in this slice (the "
+                "macro-averaged AUC needs every class)")  # fmt: skip
+    return None
 
 
 def _bounds(threshold: tfma.MetricThreshold, change: bool) -> str:

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 from typing import Any
 
 import apache_beam as beam
 from tfx import types
+from tfx.components.example_gen import write_split
 from tfx.components.example_gen.csv_example_gen import executor as csv_executor
+from tfx.components.util import examples_utils
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, component_spec, standard_artifacts
@@ -135,7 +138,7 @@ class Executor(csv_executor.Executor):
         _log.info("ExampleGen: reading %d images of span %d%s; classes %s", len(images), newest,
                   window, classes)  # fmt: skip
         rejects = storage.join(self._scratch_dir(), "rejected-images")
-        super().Do(input_dict, output_dict, dict(
+        self._write_unshuffled(output_dict, dict(
             exec_properties, _resolved_images=images, _older_images=older_images,
             _rejects_prefix=rejects,
         ))  # fmt: skip
@@ -147,6 +150,28 @@ class Executor(csv_executor.Executor):
             _log.info("ExampleGen: the model's classes %s are recorded in %s", classes, record_path)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         examples.set_string_custom_property(CLASS_NAMES_KEY, json.dumps(classes))
+
+    def _write_unshuffled(self, output_dict, exec_properties) -> None:
+        """What the base executor's Do does, but each split is written as it streams by: TFX's
+        WriteSplit reshuffles before writing (a GroupByKey over every serialized example), which
+        the in-memory runner holds whole, images included; here memory stays bounded by
+        ImageFilesToExample's batches."""
+        examples = artifact_utils.get_single_instance(output_dict["examples"])
+        examples.split_names = artifact_utils.encode_split_names(["train", "eval"])
+        with self._make_beam_pipeline() as pipeline:
+            for name, split in self.GenerateExamplesByBeam(pipeline, exec_properties).items():
+                path = os.path.join(artifact_utils.get_split_uri([examples], name),
+                                    write_split.DEFAULT_FILE_NAME)  # fmt: skip
+                serialized = split | f"Serialize[{name}]" >> beam.ParDo(
+                    write_split.MaybeSerialize()
+                )
+                _ = serialized | f"Write[{name}]" >> beam.io.WriteToTFRecord(
+                    path, file_name_suffix=".gz"
+                )
+        examples_utils.set_payload_format(examples, exec_properties["output_data_format"])
+        examples_utils.set_file_format(
+            examples, write_split.to_file_format_str(exec_properties["output_file_format"])
+        )
 
     def _scratch_dir(self) -> str:
         """The execution's temporary folder (runners give one), else a local one."""

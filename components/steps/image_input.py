@@ -128,7 +128,12 @@ def choose_classes(
         classes = list(recorded["classes"])
         origin = f"recorded from span {recorded.get('span', '?')} in {where}"
     else:
-        return sorted(span_classes[newest])
+        classes, origin = sorted(span_classes[newest]), f"span {newest}'s class folders"
+    if len(classes) < 2:
+        raise ExampleGenInputError(
+            f"the model's classes would be {classes} ({origin}): a classifier needs at least 2 "
+            "classes, each a folder of images in the span (span-N/<class>/<name>.jpg)."
+        )
     problems = []
     for span, found in sorted(span_classes.items()):
         for name in sorted(set(found) - set(classes)):

@@ -6,6 +6,7 @@ every signature, so a client sends raw features and training and serving cannot 
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -36,6 +37,9 @@ CLASS_LABELS = ("0", "1")
 
 
 SERVING_ENVIRONMENT = "SERVING"
+# A multi-class model's classes in output order, beside it (TF Serving ignores assets.extra/ but
+# the warm-up file): the Evaluator compares a candidate only with a served model of the same.
+CLASS_NAMES_PATH = "assets.extra/class_names.json"
 
 
 def serving_features(tf_transform_output, label_key: str) -> dict:
@@ -134,3 +138,6 @@ def export(
     }
     model.save(serving_model_dir, save_format="tf", signatures=signatures)
     input_contract.write(serving_spec, serving_model_dir)
+    if not binary:
+        with tf.io.gfile.GFile(os.path.join(serving_model_dir, CLASS_NAMES_PATH), "w") as file:
+            file.write(json.dumps(list(class_names)))

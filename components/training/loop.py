@@ -256,7 +256,30 @@ def _model_context(use_case, config: dict) -> dict:
             "the Trainer's custom_config lacks class_names: the Trainer step takes them from "
             "ExampleGen's examples (components/steps/trainer.py)"
         )
-    return {"class_names": list(config["class_names"]), "weights_path": None}
+    weights = config.get("initial_weights") or ""
+    return {"class_names": list(config["class_names"]), "weights_path": local_weights(weights)}
+
+
+def local_weights(uri: str) -> str | None:
+    """A local copy of the weights file at `uri` (the store's, or a local path as it is), for
+    Keras, which reads local files; None for "". A missing file stops the training naming it."""
+    if not uri:
+        return None
+    if "://" not in uri:
+        if not os.path.exists(uri):
+            raise FileNotFoundError(f"initial_weights {uri} does not exist: give the path of a "
+                                    "Keras weights file (.h5), or set it to '' to start from "
+                                    "scratch")  # fmt: skip
+        return uri
+    if not storage.list_files(uri):
+        raise FileNotFoundError(
+            f"initial_weights {uri} does not exist on the object store: upload the weights "
+            "file there, or set initial_weights to ''"
+        )
+    local = os.path.join(tempfile.mkdtemp(prefix="initial-weights-"), os.path.basename(uri))
+    with open(local, "wb") as file:
+        file.write(storage.read_bytes(uri))
+    return local
 
 
 def _stop_reason(budget: guards.TimeBudget, stopper) -> str:

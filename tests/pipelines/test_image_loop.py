@@ -78,8 +78,10 @@ def image_loop(object_store, tmp_path_factory) -> types.SimpleNamespace:
     seen.again = run_pipeline(config)
     data.write_span(config.data_root, 1, IMAGES, use_case="images", corrupt=1)
     seen.corrupt_error = _failure(config)
-    seen.corrupt_file = next(p for p, d in images_data.generate_span(IMAGES, 1, corrupt=1)
-                             if d != dict(images_data.generate_span(IMAGES, 1)).get(p))  # fmt: skip
+    seen.versions_after_corrupt = sorted(registry.complete_versions(config.serving_model_dir))
+    clean = dict(images_data.generate_span(IMAGES, 1))
+    (seen.corrupt_file,) = [p for p, d in images_data.generate_span(IMAGES, 1, corrupt=1)
+                            if d != clean[p]]  # fmt: skip
     new_class = images_data.generate_span(IMAGES, 2)
     new_class.append(("hexagon/h-0.png", new_class[0][1]))
     _write(config, 2, new_class)
@@ -162,6 +164,7 @@ def test_a_cut_off_image_stops_the_run_naming_it_and_nothing_is_pushed(image_loo
     span_dir = data.span_dir(image_loop.config.data_root, 1)
     assert f"{span_dir}/{image_loop.corrupt_file}: does not decode as " in message
     assert f"1 of {IMAGES} images cannot be used" in message
+    assert image_loop.versions_after_corrupt == [1]  # nothing pushed
 
 
 def test_a_new_class_stops_the_run_naming_it(image_loop):
@@ -182,4 +185,7 @@ def test_broken_labels_are_not_blessed_and_version_1_keeps_serving(image_loop):
     assert noisy.span == 4 and noisy.trained is True
     assert noisy.blessed is False and noisy.pushed_path is None
     assert any(f.startswith("accuracy value") for f in noisy.validation_failures), noisy
+    # Compared with the served version 1 on this eval data: TFMA's macro AUC difference.
+    assert noisy.baseline_version == 1 and noisy.auc_change is not None
+    assert noisy.metrics["overall"]["auc_diff"] == pytest.approx(noisy.auc_change)
     assert image_loop.served_after_noisy == 1 and image_loop.versions == [1]

@@ -7,6 +7,7 @@ key and the class names are the use case's.
 import json
 import shutil
 
+import pytest
 import tensorflow as tf
 from tfx.types import artifact_utils, standard_artifacts
 from tfx.utils import path_utils
@@ -15,8 +16,13 @@ from components.base import storage
 from components.steps import kfp_artifacts, report_html, run_report
 from components.steps.auc_text import AUC_UNDEFINED_KEY
 from components.steps.baseline import BASELINE_VERSION_KEY, NO_BASELINE
-from components.steps.evaluation import VERDICT_FILE, ThresholdEvaluatorExecutor
+from components.steps.evaluation import (
+    VERDICT_FILE,
+    ThresholdEvaluatorExecutor,
+    one_class_present,
+)
 from components.steps.example_gen import CLASS_NAMES_KEY
+from components.training.export import CLASS_NAMES_PATH
 from pipelines.run_summary import RunSummary, format_summary
 
 ONE_LABEL = "n/a: every example of this slice has label 0 (AUC needs both labels)"
@@ -31,10 +37,12 @@ def one_label(model, label) -> str:
     return ONE_LABEL.replace("label 0", f"label {label}")
 
 
-def _evaluate(tmp_path, fn_args, use_case, rows: list[bytes], class_names=None):
-    """The ThresholdEvaluator's executor as the pipeline runs it (first model: no baseline);
-    returns its verdict.json and the blessing. `class_names`: the classes ExampleGen records on
-    the examples of an image use case."""
+def _evaluate(tmp_path, fn_args, use_case, rows: list[bytes], class_names=None,
+              baseline_dir: str | None = None):  # fmt: skip
+    """The ThresholdEvaluator's executor as the pipeline runs it (first model: no baseline, else
+    the served model in `baseline_dir`, as version 3); returns its verdict.json and the
+    blessing. `class_names`: the classes ExampleGen records on the examples of an image use
+    case."""
     model = standard_artifacts.Model()
     model.uri = str(tmp_path / "model")
     shutil.copytree(fn_args.serving_model_dir, path_utils.serving_model_dir(model.uri))
@@ -51,6 +59,10 @@ def _evaluate(tmp_path, fn_args, use_case, rows: list[bytes], class_names=None):
     baseline = standard_artifacts.Model()
     baseline.uri = str(tmp_path / "no_baseline")
     baseline.set_int_custom_property(BASELINE_VERSION_KEY, NO_BASELINE)
+    if baseline_dir:
+        baseline.uri = str(tmp_path / "baseline")
+        shutil.copytree(baseline_dir, path_utils.serving_model_dir(baseline.uri))
+        baseline.set_int_custom_property(BASELINE_VERSION_KEY, 3)
     evaluation = standard_artifacts.ModelEvaluation()
     evaluation.uri = str(tmp_path / "evaluation")
     blessing = standard_artifacts.ModelBlessing()
@@ -144,3 +156,41 @@ def test_eval_data_of_one_label_blesses_no_model(use_case_model, tmp_path):
     assert verdict["metrics"]["overall"]["auc"] is None
     reason = one_label(use_case_model, 0)
     assert f"AUC {reason}: the model cannot be judged on this eval data" in verdict["failures"]
+
+
+def test_a_slice_without_every_class_has_no_macro_auc():
+    classes = ["circle", "cross", "square"]
+    missing = [[5, 0, 0], [0, 0, 0], [1, 0, 3]]
+    assert one_class_present(missing, classes) == (
+        "n/a: no example of class cross in this slice (the macro-averaged AUC needs every class)"
+    )
+    alone = [[5, 1], [0, 0]]  # TFMA leaves trailing classes without entries out
+    assert one_class_present(alone, classes) == (
+        "n/a: every example of this slice has label circle (AUC needs several labels)"
+    )
+    assert one_class_present([[5, 0, 0], [1, 2, 0], [0, 0, 3]], classes) is None
+
+
+def test_a_served_model_of_other_classes_is_not_compared(session_models, tmp_path):
+    """After a config change of class_names the served model predicts other classes: TFMA
+    cannot compare the two (class ids out of its range, or meaning other classes), so the
+    candidate is judged on the thresholds alone and the verdict says why."""
+    model = session_models.trained("images")
+    served = tmp_path / "served"
+    shutil.copytree(model.fn_args.serving_model_dir, served)
+    (served / CLASS_NAMES_PATH).write_text(json.dumps(["circle", "cross", "square"]))
+    rows = model.to_examples(model.eval_frame)
+
+    verdict, blessing = _evaluate(tmp_path, model.fn_args, model.use_case, rows,
+                                  model.kit.class_names, baseline_dir=str(served))  # fmt: skip
+
+    assert verdict["not_compared"].startswith(
+        "served version 3 predicts the classes ['circle', 'cross', 'square'], this model "
+        f"{model.kit.class_names}: judged on the thresholds alone"
+    )
+    assert verdict["auc_change"] is None and blessing.get_int_custom_property("blessed") == 1
+    # The same classes: compared, the AUC difference read (0 against itself).
+    (served / CLASS_NAMES_PATH).write_text(json.dumps(model.kit.class_names))
+    verdict, _ = _evaluate(tmp_path / "same", model.fn_args, model.use_case, rows,
+                           model.kit.class_names, baseline_dir=str(served))  # fmt: skip
+    assert verdict["not_compared"] is None and verdict["auc_change"] == pytest.approx(0, abs=1e-6)

@@ -37,11 +37,11 @@ def roots(object_store, tmp_path) -> dict[str, str]:
             "tmp": str(tmp_path)}  # fmt: skip
 
 
-def _example_gen(roots: dict[str, str], span: int = -1, class_names: str = ""):
+def _example_gen(roots: dict[str, str], span: int = -1, class_names: str = "", window: int = 1):
     """SelectSpans, then ExampleGen's executor on its selection, as the pipeline runs them."""
     selection, decision = SpanSelection(), TrainingDecision()
     selection.uri, decision.uri = f"{roots['tmp']}/selection", f"{roots['tmp']}/decision"
-    select = SelectSpans(data_root=roots["data"], span=span, window_spans=1,
+    select = SelectSpans(data_root=roots["data"], span=span, window_spans=window,
                          success_marker="_SUCCESS", force=1, serving_root=roots["serving"],
                          model_name=MODEL_NAME, input_format="image_folders")  # fmt: skip
     SelectSpansExecutor().Do(
@@ -83,7 +83,8 @@ def test_images_become_examples_split_by_path_with_recorded_classes(roots):
     examples = _example_gen(roots)
 
     train, evaluation = _rows(examples, "train"), _rows(examples, "eval")
-    assert len(train) + len(evaluation) == IMAGES and 3 <= len(evaluation) <= 24
+    # About a fifth of the images, by a hash of each path (the bucket's name is in it).
+    assert len(train) + len(evaluation) == IMAGES and 2 <= len(evaluation) <= 30
     classes = sorted(images_data.CLASSES)
     assert json.loads(examples.get_string_custom_property(CLASS_NAMES_KEY)) == classes
     recorded = json.loads(storage.read_bytes(f"{roots['serving']}/{MODEL_NAME}/_classes.json"))
@@ -197,3 +198,28 @@ def test_a_new_or_missing_class_is_named_and_accepted_by_a_config_change(roots):
     stars = [r for r in _rows(examples, "train") + _rows(examples, "eval")
              if r["label_name"] == b"star"]  # fmt: skip
     assert [r["label"] for r in stars] == [3]
+
+
+def test_a_first_window_is_checked_span_by_span_and_one_class_is_refused(roots):
+    """No classes recorded yet and a window of two spans: the newest span's folders are the
+    classes, and an older span with another set stops the step naming it."""
+    older = images_data.generate_span(30, 0) + [("star/s.png", _png(40, 40))]
+    _write_span(roots, 0, older)
+    data.write_span(roots["data"], 1, 30, use_case="images")
+    with pytest.raises(image_input.ExampleGenInputError) as raised:
+        _example_gen(roots, window=2)
+    message = str(raised.value)
+    assert "span 0 has a new class 'star' (1 image(s))" in message
+    assert "span 1's class folders" in message
+    assert not storage.list_files(f"{roots['serving']}/{MODEL_NAME}/_classes.json")
+    # A span of one class folder is no classifier's data.
+    _write_span(roots, 2, [(name, content) for name, content in images_data.generate_span(30, 2)
+                           if name.startswith("circle/")])  # fmt: skip
+    with pytest.raises(image_input.ExampleGenInputError, match="at least 2 classes"):
+        _example_gen(roots, span=2)
+
+
+def _write_span(roots, span: int, files) -> None:
+    for name, content in files:
+        storage.write_bytes(f"{roots['data']}/span-{span}/{name}", content)
+    storage.write_bytes(f"{roots['data']}/span-{span}/_SUCCESS", b"")

@@ -201,7 +201,11 @@ class Kit:
             return np.stack([1 - p, p], axis=1), labels
         from components.training.export import RAW_SIGNATURE
 
-        infos = spans.span_files(span_dir, spans.IMAGE_FOLDERS)[:limit]
+        by_class: dict[str, list] = {}
+        for info in spans.span_files(span_dir, spans.IMAGE_FOLDERS):
+            by_class.setdefault(info.path[len(span_dir) :].split("/")[0], []).append(info)
+        each = max(1, limit // len(by_class))  # every class, not the first folders' alone
+        infos = [info for found in by_class.values() for info in found[:each]]
         with tempfile.TemporaryDirectory() as local:
             storage.copy_tree(model_dir, local)
             signature = tf.saved_model.load(local).signatures[RAW_SIGNATURE]

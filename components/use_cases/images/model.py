@@ -47,6 +47,27 @@ def backbone(network: str, size: int) -> tf.keras.Model:
                  include_preprocessing=True, pooling="avg")  # fmt: skip
 
 
+def _load_weights(model: tf.keras.Model, network: str, path: str) -> None:
+    """The whole model's weights (a previous training of the same network and classes), else,
+    for an EfficientNetV2, its backbone's (a "notop" file such as Keras' own)."""
+    try:
+        model.load_weights(path)
+        return
+    except ValueError as whole:
+        if network == "small_cnn":
+            raise ValueError(
+                f"initial_weights {path}: not weights of this model ({whole})"
+            ) from whole
+        backbone = next(layer for layer in model.layers if isinstance(layer, tf.keras.Model))
+        try:
+            backbone.load_weights(path)
+        except ValueError as part:
+            raise ValueError(
+                f"initial_weights {path}: neither this model's weights ({whole}) nor its "
+                f"{network} backbone's ({part})"
+            ) from part
+
+
 def build_model(
     hyperparameters: dict,
     learning_rate: float,
@@ -71,7 +92,7 @@ def build_model(
     )(x)
     model = tf.keras.Model(inputs={IMAGE_KEY: pixels}, outputs=output)
     if weights_path:
-        model.load_weights(weights_path)
+        _load_weights(model, network, weights_path)
     model.compile(
         optimizer=tf.keras.optimizers.Adam(learning_rate),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(),

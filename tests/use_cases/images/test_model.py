@@ -39,7 +39,8 @@ def test_every_mode_and_format_decodes_to_the_model_size_with_three_channels():
 
 
 def test_augmentation_runs_when_training_only():
-    features = {IMAGE_KEY: tf.constant([_encoded("RGB", "PNG")] * 8)}
+    tf.random.set_seed(7)  # 32 images: that none is flipped or cropped has odds of 2^-32
+    features = {IMAGE_KEY: tf.constant([_encoded("RGB", "PNG")] * 32)}
     served = preprocessing.prepare_batch(features, HYPERPARAMETERS, training=False)[IMAGE_KEY]
     again = preprocessing.prepare_batch(features, HYPERPARAMETERS, training=False)[IMAGE_KEY]
     np.testing.assert_array_equal(served.numpy(), again.numpy())
@@ -71,3 +72,35 @@ def test_each_network_builds_a_classifier_of_one_probability_per_class(network):
     assert scores.shape == (2, 3) and np.allclose(scores.sum(axis=1), 1.0, atol=1e-5)
     with pytest.raises(ValueError, match="network must be one of"):
         model.build_model(dict(HYPERPARAMETERS, network="resnet"), 0.001, ["a", "b"])
+
+
+def test_initial_weights_come_from_the_store_whole_or_for_the_backbone(object_store, tmp_path):
+    from components.base import storage
+    from components.training.loop import local_weights
+
+    classes = ["a", "b", "c"]
+    trained = model.build_model(HYPERPARAMETERS, 0.001, classes)
+    trained.save_weights(str(tmp_path / "trained.h5"))
+    uri = f"s3://{object_store.new_bucket('weights')}/start/trained.h5"
+    storage.write_bytes(uri, (tmp_path / "trained.h5").read_bytes())
+
+    started = model.build_model(HYPERPARAMETERS, 0.001, classes, weights_path=local_weights(uri))
+    for mine, theirs in zip(started.get_weights(), trained.get_weights(), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    fresh = model.build_model(HYPERPARAMETERS, 0.001, classes)
+    assert not all(np.array_equal(a, b) for a, b in
+                   zip(fresh.get_weights(), trained.get_weights(), strict=True))  # fmt: skip
+
+    # An EfficientNetV2 starts from its backbone's weights alone (a "notop" file).
+    network = dict(HYPERPARAMETERS, network="efficientnetv2-b0")
+    backbone = model.backbone("efficientnetv2-b0", 32)
+    backbone.save_weights(str(tmp_path / "notop.h5"))
+    started = model.build_model(network, 0.001, classes, weights_path=str(tmp_path / "notop.h5"))
+    inner = next(layer for layer in started.layers if isinstance(layer, tf.keras.Model))
+    for mine, theirs in zip(inner.get_weights(), backbone.get_weights(), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+    with pytest.raises(FileNotFoundError, match="initial_weights s3://.*/nothing.h5 does not"):
+        local_weights(uri.replace("trained.h5", "nothing.h5"))
+    with pytest.raises(ValueError, match="not weights of this model"):
+        model.build_model(HYPERPARAMETERS, 0.001, ["a", "b"], weights_path=local_weights(uri))
