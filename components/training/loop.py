@@ -167,7 +167,7 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     class_names = config.get("class_names")
     with strategy.scope():
         model = use_case.function("build_model")(
-            hyperparameters, learning_rate, **_model_context(use_case, config)
+            hyperparameters, learning_rate, **model_context(use_case, config)
         )
 
     backup = checkpoints.TrainingBackup(
@@ -246,7 +246,7 @@ def model_inputs(use_case, hyperparameters: dict):
     return lambda features, training: prepare_batch(features, hyperparameters, training)
 
 
-def _model_context(use_case, config: dict) -> dict:
+def model_context(use_case, config: dict) -> dict:
     """build_model's arguments beyond the hyperparameters and learning rate: the classes and
     initial weights of a use case whose classes come from the data."""
     if use_case.input_format != IMAGE_FOLDERS:

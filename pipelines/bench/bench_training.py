@@ -1,5 +1,8 @@
 """`tkp bench-input`: is training bound by its input pipeline or by the model?
 
+For an image use case the input pipeline reads, decodes, resizes and augments (its
+`prepare_batch`); memory then holds the decoded batches.
+
 Trains the default model on the newest Transform output of the local pipeline (`tkp run`
 first) in two ways, alternately, in one process: fed from the gzip TFRecords through the
 Trainer's own tf.data pipeline (components/training/loop.py `_dataset`), and fed from the same
@@ -46,6 +49,16 @@ def transform_outputs(config: PipelineConfig) -> tuple[str, str]:
     return outputs["transformed_examples"].uri, outputs["transform_graph"].uri
 
 
+def data_classes(config: PipelineConfig) -> list[str] | None:
+    """The classes ExampleGen found in the newest local run's data (image use cases)."""
+    from components.steps.example_gen import CLASS_NAMES_KEY
+    from pipelines.run_summary import latest_step_outputs
+
+    examples = latest_step_outputs(config, "ExampleGen").get("examples")
+    value = examples.custom_properties.get(CLASS_NAMES_KEY) if examples is not None else None
+    return json.loads(value.string_value) if value is not None else None
+
+
 def run(
     examples_dir: str, transform_graph_dir: str, config: PipelineConfig, steps: int = 400,
     repeats: int = 7, say=print, results_path: Path = RESULTS_PATH,
@@ -71,10 +84,15 @@ def run(
     files = [f"{examples_dir}/Split-train/*"]
     batch = config.batch_size
     use_case = load_use_case(config.use_case)
-    from_records = loop._dataset(files, fn_args, graph, use_case.label_key, batch, training=True)
-    in_memory = from_records.take(WARM_UP_STEPS + steps).cache().repeat()
     hyperparameters = use_case.resolved_hyperparameters(json.loads(config.hyperparameters))
-    keras_model = use_case.function("build_model")(hyperparameters, config.learning_rate)
+    # An image use case decodes (and augments) in the input pipeline: the in-memory batches are
+    # the decoded ones, so the ratio prices reading, decoding and augmenting together.
+    prepare = loop.model_inputs(use_case, hyperparameters)
+    from_records = loop._dataset(files, fn_args, graph, use_case.label_key, batch, training=True,
+                                 prepare=prepare)  # fmt: skip
+    in_memory = from_records.take(WARM_UP_STEPS + steps).cache().repeat()
+    context = loop.model_context(use_case, {"class_names": data_classes(config)})
+    keras_model = use_case.function("build_model")(hyperparameters, config.learning_rate, **context)
 
     class Clock(tf.keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

@@ -41,7 +41,7 @@ USE_CASE = UseCase(
         "model_name": "image-classes",
         "data_root": "s3://tfx-pipeline/data/images",
         "rows_per_span": 1200,
-        "train_steps": 600,
+        "train_steps": 900,
         "eval_steps": 20,
         "epochs": 3,
         "batch_size": 32,

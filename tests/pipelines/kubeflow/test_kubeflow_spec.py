@@ -354,8 +354,10 @@ def _check_run_report(backend, run, pushed_version: int, classes: int = 2) -> st
     # Nothing but metrics in the UI's table (besides the launcher's own two keys).
     assert set(metrics) - {"display_name", "store_session_info"} <= {
         "auc", "accuracy", "example_count", "baseline_auc", "auc_change", "blessed",
-        "pushed_version", "span",
+        "pushed_version", "span", *(["top_2_accuracy"] if classes > 2 else []),
     }  # fmt: skip
+    if classes > 2:
+        assert metrics["top_2_accuracy"] == pytest.approx(overall["top_2_accuracy"])
     assert metrics["auc"] == pytest.approx(overall["auc"])
     assert metrics["accuracy"] == pytest.approx(accuracy_of(overall))
     assert metrics["example_count"] == overall["example_count"]
