@@ -109,8 +109,9 @@ class PipelineConfig:
     hyperparameters: str = "{}"
     # Images: a Keras weights file (.h5) the model starts from instead of random weights, for
     # fine-tuning: on the object store (s3://, gs://) or a local path, since no model hub is
-    # reachable from a cluster's pods. The whole model's weights (a previous training's), or an
-    # EfficientNetV2 backbone's without its top ("notop"). "": from scratch.
+    # reachable from a cluster's pods. The whole model's weights (a previous training's), or its
+    # pretrained backbone's without the top ("notop"), as the use case's model.py says. "": from
+    # scratch.
     initial_weights: str = ""
     mixed_precision: str = "auto"  # auto: on when a GPU is present
     # How training is distributed (components/training/distribution.py): auto, one_device, mirrored
