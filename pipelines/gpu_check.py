@@ -1,11 +1,13 @@
 """`tkp gpu-check`: one script to run once on a machine with NVIDIA GPUs.
 
-Trains the default model (the use case's `build_model`, the config's batch size and
-layers) for a fixed number of steps on the CPU, on one GPU and on all GPUs (MirroredStrategy),
+Trains the use case's model (its `build_model` with its `gpu_check_hyperparameters` over its
+defaults, then the config's `hyperparameters`; the config's batch size) for a fixed number of
+steps on the CPU, on one GPU and on all GPUs (MirroredStrategy),
 each in float32 and in mixed precision, and prints examples/second and the GPUs' mean
 utilisation (nvidia-smi, sampled every 0.2 s) for each. The batches are synthetic transformed
 features already in memory, so the figures are the model's and the device's, not the input's
-(`tkp bench-input` measures that). Without a GPU it prints the CPU rows and says so.
+(`tkp bench-input` measures that); an image model's inputs are decoded pixels at its size. Without
+a GPU it prints the CPU rows and says so.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import time
 from components.base.config import PipelineConfig
 
 
-def _batches(keras_model, batch_size: int, count: int):
-    """Random inputs shaped as the model's (integer ids 0 or 1: valid for any embedding)."""
+def _batches(keras_model, batch_size: int, count: int, classes: int):
+    """Random inputs shaped as the model's (integer ids 0 or 1: valid for any embedding), and
+    labels: a class index of `classes`, or 0/1 for a binary model (classes 0)."""
     import tensorflow as tf
 
     rng = tf.random.Generator.from_seed(0)
@@ -33,7 +36,10 @@ def _batches(keras_model, batch_size: int, count: int):
             rng.uniform(shape, 0, 2, dtype=tf.int64) if tensor.dtype.is_integer
             else rng.normal(shape)
         )  # fmt: skip
-    labels = tf.cast(rng.uniform([count * batch_size, 1]) > 0.5, tf.float32)
+    if classes:
+        labels = rng.uniform([count * batch_size], 0, classes, dtype=tf.int64)
+    else:
+        labels = tf.cast(rng.uniform([count * batch_size, 1]) > 0.5, tf.float32)
     data = tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch_size)
     return data.cache().repeat()
 
@@ -69,6 +75,23 @@ class _Utilisation:
         return statistics.mean(self.samples) if self.samples else None
 
 
+def model_settings(config: PipelineConfig) -> tuple[dict, dict]:
+    """(hyperparameters, build_model's other arguments) of the model gpu-check measures: the use
+    case's gpu_check_hyperparameters over its defaults, then the config's; a use case whose
+    classes come from the data gets the configured classes, else four."""
+    from components.base.use_case import IMAGE_FOLDERS
+    from components.base.use_case import load as load_use_case
+
+    use_case = load_use_case(config.use_case)
+    hyperparameters = use_case.resolved_hyperparameters(
+        {**use_case.gpu_check_hyperparameters, **json.loads(config.hyperparameters)}
+    )
+    if use_case.input_format != IMAGE_FOLDERS:
+        return hyperparameters, {}
+    classes = config.class_names.split(",") if config.class_names else []
+    return hyperparameters, {"class_names": classes or [f"class-{i}" for i in range(4)]}
+
+
 def run(config: PipelineConfig, steps: int = 300, say=print) -> list[dict]:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
@@ -77,11 +100,13 @@ def run(config: PipelineConfig, steps: int = 300, say=print) -> list[dict]:
 
     use_case = load_use_case(config.use_case)
     build_model = use_case.function("build_model")
-    hyperparameters = use_case.resolved_hyperparameters(json.loads(config.hyperparameters))
+    hyperparameters, context = model_settings(config)
+    classes = len(context.get("class_names", []))  # 0: a binary model
 
     gpus = tf.config.list_logical_devices("GPU")
     say(f"GPUs visible to TensorFlow: {len(gpus)}"
         f"{'' if gpus else ' (no GPU: CPU rows only)'}")  # fmt: skip
+    say(f"Model: use case {use_case.name!r}, hyperparameters {json.dumps(hyperparameters)}")
     if gpus:
         say(f"cuDNN {tf.sysconfig.get_build_info().get('cudnn_version', '?')}")
     setups = [("CPU", tf.distribute.OneDeviceStrategy("/cpu:0"))]
@@ -96,8 +121,8 @@ def run(config: PipelineConfig, steps: int = 300, say=print) -> list[dict]:
             replicas = strategy.num_replicas_in_sync
             batch = config.batch_size * replicas
             with strategy.scope():
-                keras_model = build_model(hyperparameters, config.learning_rate)
-            data = _batches(keras_model, batch, 20)
+                keras_model = build_model(hyperparameters, config.learning_rate, **context)
+            data = _batches(keras_model, batch, 20, classes)
             keras_model.fit(data, steps_per_epoch=20, epochs=1, verbose=0)  # tracing, cache
             with _Utilisation() as utilisation:
                 began = time.perf_counter()

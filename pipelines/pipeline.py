@@ -183,11 +183,13 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             model_name=param["model_name"],
             keep_versions=config.keep_versions,
             export_tflite=config.export_tflite,
+            tflite_quantization=config.tflite_quantization,
             label_key=use_case.label_key,
         ).with_id("Pusher")
         # What the Kubeflow UI shows of the run (metrics, ROC curve, a report), and `tkp run`.
         run_report = RunReport(
             selection=select_spans.outputs["selection"],
+            statistics=statistics_gen.outputs["statistics"],
             anomalies=example_validator.outputs["anomalies"],
             evaluation=evaluator.outputs["evaluation"],
             blessing=evaluator.outputs["blessing"],

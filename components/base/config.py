@@ -93,6 +93,9 @@ class PipelineConfig:
     # 1: each pushed version also holds `assets.extra/model.tflite`, a TFLite model of it that
     # takes the raw features (for devices; components/steps/edge.py says which runtime it needs).
     export_tflite: int = 0
+    # Its weights: "none" (float32, as served), "float16" (half the size) or "dynamic" (int8
+    # weights, a quarter); components/steps/edge.py.
+    tflite_quantization: str = "none"
     # `watch`: seconds between polls of the data root.
     watch_interval: int = 60
     # Artifacts and ML Metadata. Local disk for the local runner (see README: object-store root).
@@ -570,6 +573,7 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "force": _one_of_numbers(0, 1),
     "keep_versions": _at_least(2),
     "export_tflite": _one_of_numbers(0, 1),
+    "tflite_quantization": _one_of("none", "float16", "dynamic"),
     "watch_interval": _between(5, 3600),
     "serving_root": _storage_root,
     "model_name": _matches(

@@ -79,6 +79,9 @@ class UseCase:
     prepare_batch: str = ""
     # The compiled Keras metric (higher is better) that early stopping watches on the eval split.
     quality_metric: str = "auc"
+    # Hyperparameters `tkp gpu-check` measures over the defaults (the network GPUs are for, where
+    # the default run's is one a CPU trains); the config's `hyperparameters` override them.
+    gpu_check_hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def function(self, part: str) -> Callable:
         """The function behind `preprocessing_fn`, `build_model`, `generate_span` or

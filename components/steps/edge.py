@@ -1,9 +1,15 @@
-"""Edge export: the Trainer's `raw_features` signature as a float32 TFLite flatbuffer.
+"""Edge export: the Trainer's `raw_features` signature as a TFLite flatbuffer.
 
 The TFLite model takes the same inputs as `raw_features` (one [batch] tensor per raw feature, a
-missing optional value as "" or 0) and returns {"outputs": [batch, 1]}, the positive class's
-probability; the tf.Transform graph runs inside it, so a device needs no preprocessing code of
-its own.
+missing optional value as "" or 0; an image use case: the encoded image bytes) and returns what
+it returns (a binary model: {"outputs": [batch, 1]}, the positive class's probability; a
+multi-class one: {"classes": [batch, N], "scores": [batch, N]}); the tf.Transform graph and the
+use case's decoding run inside it, so a device needs no preprocessing code of its own.
+
+Quantization (config `tflite_quantization`): "none" keeps float32 weights, as served; "float16"
+stores the weights as float16 (half the size; GPU delegates compute in float16, the CPU expands
+them back); "dynamic" stores them as int8 and quantizes activations on the fly (a quarter of
+the size, faster on CPUs). tests/steps/test_edge.py checks each against the SavedModel.
 
 Vocabularies: TF 2.16's converter drops the initialization of tables that a TF2 SavedModel
 reads from asset files (it imports the init op without the ops that read the asset-path
@@ -16,7 +22,8 @@ the model is converted with SELECT_TF_OPS. For the taxi use case, five: UpperBou
 (tft.bucketize), StringToHashBucketFast (the out-of-vocabulary bucket of
 compute_and_apply_vocabulary), FloorDiv on int64 (hour and weekday of a timestamp),
 SparseToDense on strings (an optional string column made dense) and ZerosLike on strings
-(tf.sparse.from_dense of an optional string in `raw_features`). A device build must
+(tf.sparse.from_dense of an optional string in `raw_features`); an image use case, two:
+DecodeImage and ResizeBilinear on uint8 (its `prepare_batch`). A device build must
 therefore link TFLite's Flex delegate (Android: tensorflow-lite-select-tf-ops; C++:
 tensorflow/lite/delegates/flex), which brings TensorFlow's kernels and makes the binary
 considerably larger (a selective build for this model's ops trims it). The tf.lite.Interpreter
@@ -70,8 +77,16 @@ def _with_tables_imported(
     return raw_features.get_concrete_function(**raw.structured_input_signature[1])
 
 
-def export_tflite(saved_model_dir: str) -> bytes:
-    """The `raw_features` signature of the Trainer's SavedModel as a float32 TFLite model."""
+QUANTIZATIONS = ("none", "float16", "dynamic")
+
+
+def export_tflite(saved_model_dir: str, quantization: str = "none") -> bytes:
+    """The `raw_features` signature of the Trainer's SavedModel as a TFLite model, its weights
+    quantized as `quantization` (one of QUANTIZATIONS) says."""
+    if quantization not in QUANTIZATIONS:
+        raise EdgeExportError(
+            f"tflite_quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
+        )
     try:
         loaded = tf.saved_model.load(saved_model_dir)
         if export.RAW_SIGNATURE not in loaded.signatures:
@@ -87,7 +102,11 @@ def export_tflite(saved_model_dir: str) -> bytes:
                 tf.lite.OpsSet.TFLITE_BUILTINS,
                 tf.lite.OpsSet.SELECT_TF_OPS,  # the ops listed in the module docstring
             ]
-            return converter.convert()  # no optimizations: float32, as served
+            if quantization != "none":
+                converter.optimizations = [tf.lite.Optimize.DEFAULT]  # dynamic range
+            if quantization == "float16":
+                converter.target_spec.supported_types = [tf.float16]
+            return converter.convert()
     except Exception as error:
         raise EdgeExportError(
             f"Could not convert the {export.RAW_SIGNATURE!r} signature of SavedModel "
@@ -95,9 +114,9 @@ def export_tflite(saved_model_dir: str) -> bytes:
         ) from error
 
 
-def predict_tflite(tflite_model: bytes, columns: dict[str, list]) -> np.ndarray:
-    """The positive class's probability per row, [batch]: `columns` maps each raw feature to one
-    value per row."""
+def predict_tflite(tflite_model: bytes, columns: dict[str, list]) -> dict[str, np.ndarray]:
+    """The model's outputs for a batch (see the module docstring): `columns` maps each raw
+    feature to one value per row (an image: its encoded bytes)."""
     interpreter = tf.lite.Interpreter(model_content=tflite_model)
     runner = interpreter.get_signature_runner(export.RAW_SIGNATURE)
     inputs = {}
@@ -110,4 +129,4 @@ def predict_tflite(tflite_model: bytes, columns: dict[str, list]) -> np.ndarray:
         else:
             inputs[key] = np.asarray(columns[key], dtype=detail["dtype"])
     # The runner resizes the inputs to the batch and allocates the tensors itself.
-    return runner(**inputs)["outputs"].reshape(-1)
+    return runner(**inputs)

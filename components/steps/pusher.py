@@ -159,7 +159,8 @@ class VersionedPusherExecutor(pusher_executor.Executor):
 
             with tempfile.TemporaryDirectory() as local:
                 storage.copy_tree(model_path, local)
-                files[EDGE_MODEL_PATH] = edge.export_tflite(local)
+                quantization = exec_properties.get("tflite_quantization") or "none"
+                files[EDGE_MODEL_PATH] = edge.export_tflite(local, quantization)
         return files
 
     def _record(self, input_dict, selection, verdict, outcome) -> dict:
@@ -215,6 +216,7 @@ class VersionedPusherSpec(types.ComponentSpec):
         "model_name": component_spec.ExecutionParameter(type=str),
         "keep_versions": component_spec.ExecutionParameter(type=int),
         "export_tflite": component_spec.ExecutionParameter(type=int),
+        "tflite_quantization": component_spec.ExecutionParameter(type=str, optional=True),
         # The use case's label column, dropped from the warm-up requests' rows.
         "label_key": component_spec.ExecutionParameter(type=str),
     }
@@ -244,12 +246,14 @@ class VersionedPusher(base_component.BaseComponent):
         keep_versions: int,
         label_key: str,
         export_tflite: int = 0,
+        tflite_quantization: str = "none",
     ):
         super().__init__(
             spec=VersionedPusherSpec(
                 examples=examples,
                 label_key=label_key,
                 export_tflite=export_tflite,
+                tflite_quantization=tflite_quantization,
                 model=model,
                 model_blessing=model_blessing,
                 baseline_model=baseline_model,

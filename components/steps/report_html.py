@@ -48,6 +48,13 @@ def _decision(facts: dict[str, Any]) -> str:
     return f'<p class="decision refused">Not pushed: {escape(why)}</p>'
 
 
+def _data(data: dict[str, Any]) -> str:
+    """Examples per split, then each feature's range or counts in each split."""
+    splits = list(data["splits"])
+    rows = [["examples", *(f"{data['splits'][s]:,}" for s in splits)], *data["features"]]
+    return _table(["feature", *splits], rows)
+
+
 def _validation(validation: dict[str, Any]) -> str:
     columns = validation["columns"]
     parts = [_table(["split: column", "anomaly"], sorted(columns.items())) if columns
@@ -190,6 +197,7 @@ def render(facts: dict[str, Any]) -> str:
 {_decision(facts)}
 <h2>Data</h2>
 <p>Spans read: {escape(spans)}; fingerprint <code>{escape(str(facts["fingerprint"]))}</code>.</p>
+{_data(facts["data"])}
 <h2>Validation</h2>
 {_validation(facts["validation"])}
 <h2>Evaluation</h2>

@@ -8,7 +8,8 @@ Three outputs, of the types the KFP 2.5 UI draws (components/steps/kfp_artifacts
   the confusion matrix at the serving threshold (a multi-class model: its N x N confusion matrix
   of the most probable class, no ROC curve);
 - `report` (system.HTML): one page for a person (components/steps/report_html.py), which `tkp run`
-  also copies beside the run's log.
+  also copies beside the run's log: the decision, the data (examples per split, each feature's
+  range or counts: components/steps/data_summary.py), anomalies and drift, metrics, step times.
 Everything comes from the artifacts of this run's steps; nothing is computed again.
 """
 
@@ -25,7 +26,7 @@ from tfx.dsl.components.base import base_component, base_executor, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 
 from components.base import storage
-from components.steps import kfp_artifacts, report_html, step_times
+from components.steps import data_summary, kfp_artifacts, report_html, step_times
 from components.steps.auc_text import AUC_UNDEFINED_KEY, accuracy_of
 from components.steps.evaluation import read_verdict, roc_curve, serving_confusion_matrix
 from components.steps.pusher import NOT_PUSHED_REASON_KEY
@@ -69,6 +70,7 @@ def gather(inputs: dict[str, list], class_names: list[str]) -> dict[str, Any]:
     evaluation = artifact_utils.get_single_instance(inputs["evaluation"])
     pushed_model = artifact_utils.get_single_instance(inputs["pushed_model"])
     anomalies = artifact_utils.get_single_instance(inputs["anomalies"])
+    statistics = artifact_utils.get_single_instance(inputs["statistics"])
     verdict = read_verdict(blessing)
     overall = verdict["metrics"].get("overall", {})
     pushed = _int(pushed_model, "pushed", 0) == 1
@@ -77,6 +79,7 @@ def gather(inputs: dict[str, list], class_names: list[str]) -> dict[str, Any]:
         "span": _int(selection, "span", -1),
         "spans": json.loads(selection.get_string_custom_property("spans") or "[]"),
         "fingerprint": selection.get_string_custom_property("input_fingerprint"),
+        "data": data_summary.summarize(statistics),
         "validation": {
             **_anomalies(anomalies),
             "drift_baseline_span": _int(anomalies, DRIFT_BASELINE_SPAN_KEY, -1),
@@ -169,6 +172,7 @@ class RunReportSpec(types.ComponentSpec):
     PARAMETERS = {"class_names": component_spec.ExecutionParameter(type=str)}
     INPUTS = {
         "selection": component_spec.ChannelParameter(type=SpanSelection),
+        "statistics": component_spec.ChannelParameter(type=standard_artifacts.ExampleStatistics),
         "anomalies": component_spec.ChannelParameter(type=standard_artifacts.ExampleAnomalies),
         "evaluation": component_spec.ChannelParameter(type=standard_artifacts.ModelEvaluation),
         "blessing": component_spec.ChannelParameter(type=standard_artifacts.ModelBlessing),
@@ -187,11 +191,13 @@ class RunReport(base_component.BaseComponent):
     SPEC_CLASS = RunReportSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(RunReportExecutor)
 
-    def __init__(self, selection, anomalies, evaluation, blessing, pushed_model, class_names):
+    def __init__(self, selection, statistics, anomalies, evaluation, blessing, pushed_model,
+                 class_names):  # fmt: skip
         super().__init__(
             spec=RunReportSpec(
                 class_names=json.dumps(list(class_names)),
                 selection=selection,
+                statistics=statistics,
                 anomalies=anomalies,
                 evaluation=evaluation,
                 blessing=blessing,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 import types
 
 import pytest
@@ -153,6 +154,16 @@ def test_the_run_report_shows_the_confusion_matrix_classes_and_eval_images(image
     assert len(rows) == 4 and all(len(row) == 4 for row in rows)
     assert sum(map(sum, rows)) == image_loop.first.metrics["overall"]["example_count"]
     assert "confidenceMetrics" not in artifact.custom_properties  # no ROC curve: multi-class
+    # The data: examples per split, class counts and image sizes, from StatisticsGen.
+    header = r"<tr><th>feature</th><th>(\w+)</th><th>(\w+)</th></tr>"
+    splits = re.search(header + r"<tr><td>examples</td><td>([\d,]+)</td><td>([\d,]+)</td>", page)
+    assert splits and {splits[1], splits[2]} == {"train", "eval"}, page
+    assert int(splits[3].replace(",", "")) + int(splits[4].replace(",", "")) == IMAGES
+    (counts,) = re.findall(r"<tr><td>label_name</td><td>([^<]*)</td>", page)
+    found = dict(re.findall(r"(\w+) ([\d,]+)", counts))
+    assert set(found) == set(images_data.CLASSES) and all(int(n) > 0 for n in found.values())
+    assert re.search(r"<tr><td>height</td><td>\d+ to \d+, mean [\d.]+</td>", page)
+    assert re.search(r"<tr><td>image</td><td>[\d.]+ KB on average", page)
 
 
 def test_the_same_span_again_trains_nothing(image_loop):

@@ -1,4 +1,5 @@
-"""The TFLite edge export gives the served model's predictions from raw feature values."""
+"""The TFLite edge export gives the served model's predictions from raw feature values (an
+image use case: the encoded image), at each quantization."""
 
 import pathlib
 
@@ -12,11 +13,13 @@ from components.training import export
 
 
 def raw_columns(frame: pd.DataFrame, dtypes: dict[str, tf.DType]) -> dict[str, list]:
-    """One list per raw feature; a missing optional value is "" or 0, as raw_features wants."""
+    """One list per raw feature; a missing optional value is "" or 0, as raw_features wants;
+    bytes (an encoded image) stay bytes."""
     columns = {}
     for key, dtype in dtypes.items():
         if dtype == tf.string:
-            columns[key] = frame[key].fillna("").astype(str).tolist()
+            columns[key] = [value if isinstance(value, bytes) else "" if pd.isna(value)
+                            else str(value) for value in frame[key]]  # fmt: skip
         else:
             columns[key] = frame[key].fillna(0).tolist()
     return columns
@@ -33,10 +36,43 @@ def test_tflite_predictions_match_serving_default(trained, to_examples):
 
     tflite_model = edge.export_tflite(fn_args.serving_model_dir)
     columns = raw_columns(eval_frame, {key: spec.dtype for key, spec in raw_spec.items()})
-    predicted = edge.predict_tflite(tflite_model, columns)
+    predicted = edge.predict_tflite(tflite_model, columns)["outputs"].reshape(-1)
 
     assert predicted.shape == (len(eval_frame),)
     np.testing.assert_allclose(predicted, expected[:, 0], rtol=0, atol=1e-3)
+
+
+def _top_class(outputs: dict) -> np.ndarray:
+    """The class each row is given: the most probable one, or a binary model's at 0.5."""
+    if "scores" in outputs:
+        return np.argmax(np.asarray(outputs["scores"]), axis=1)
+    return (np.asarray(outputs["outputs"]).reshape(-1) > 0.5).astype(int)
+
+
+def test_each_quantization_names_the_class_the_saved_model_names(use_case_model):
+    """On every eval row (image), float32, float16 and dynamic-range models give the top class
+    the SavedModel gives, and each quantization makes the model smaller."""
+    model_dir = use_case_model.fn_args.serving_model_dir
+    raw = tf.saved_model.load(model_dir).signatures[export.RAW_SIGNATURE]
+    spec = raw.structured_input_signature[1]
+    columns = raw_columns(use_case_model.eval_frame, {k: s.dtype for k, s in spec.items()})
+    expected = _top_class(raw(**{k: tf.constant(v, spec[k].dtype) for k, v in columns.items()}))
+    assert len(set(expected)) > 1  # a model that names one class for everything proves nothing
+
+    sizes = {}
+    for quantization in edge.QUANTIZATIONS:
+        tflite_model = edge.export_tflite(model_dir, quantization)
+        sizes[quantization] = len(tflite_model)
+        named = _top_class(edge.predict_tflite(tflite_model, columns))
+        differ = np.flatnonzero(named != expected).tolist()
+        assert differ == [], f"{quantization}: rows {differ} get another class"
+    assert sizes["none"] > sizes["float16"] > sizes["dynamic"], sizes
+
+
+def test_an_unknown_quantization_is_refused_naming_the_choices(tmp_path):
+    with pytest.raises(edge.EdgeExportError, match="tflite_quantization must be one of none, "
+                       "float16, dynamic, got 'int4'"):  # fmt: skip
+        edge.export_tflite(str(tmp_path), "int4")
 
 
 def test_export_of_a_directory_that_is_no_saved_model_fails_clearly(tmp_path):
@@ -82,6 +118,6 @@ def test_the_pusher_puts_warm_up_requests_and_the_edge_model_into_the_version(
     dtypes = {"trip_start_timestamp": tf.int64, "trip_miles": tf.float32, "trip_seconds": tf.int64,
               "fare": tf.float32, "payment_type": tf.string, "company": tf.string,
               "pickup_community_area": tf.int64}  # fmt: skip
-    assert edge.predict_tflite(tflite_model, raw_columns(row, dtypes)).shape == (1,)
+    assert edge.predict_tflite(tflite_model, raw_columns(row, dtypes))["outputs"].shape == (1, 1)
     servable = Servable(MODEL_NAME, 1, local)
     assert servable.warm_up() == 5  # :predict x2, :classify, :regress, raw :predict

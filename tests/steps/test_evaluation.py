@@ -116,7 +116,7 @@ def test_a_slice_of_one_label_has_no_auc_and_every_reader_says_why(use_case_mode
             assert f"{key + '=' + str(slice_value):<32} auc={reason}" in summary
         else:
             assert 0 <= values["auc"] <= 1 and AUC_UNDEFINED_KEY not in values, slice_value
-    facts = {"span": 0, "spans": [0], "fingerprint": "f",
+    facts = {"span": 0, "spans": [0], "fingerprint": "f", "data": {"splits": {}, "features": []},
              "validation": {"columns": {}, "drift_baseline_span": -1, "drift": []},
              "metrics": metrics, "failures": [], "auc": metrics["overall"]["auc"],
              "auc_change": None, "baseline_auc": None, "blessed": True, "pushed_version": 1,

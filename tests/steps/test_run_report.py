@@ -19,6 +19,7 @@ from google.protobuf import json_format
 from components.base import registry, storage, use_case
 from components.steps.evaluation import ROC_THRESHOLDS
 from pipelines.run_summary import STEP_ORDER
+from tests.use_cases import kit
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PUSHED_GREEN, REFUSED_RED = (0x2E, 0x7D, 0x32), (0xC6, 0x28, 0x28)  # report_html.STYLE
@@ -91,6 +92,14 @@ def test_a_pushed_run_reports_what_the_evaluation_found(loop):
     assert "Pushed: version 1" in page and "No served model to compare with" in page
     record = registry.read_record(loop.config.serving_model_dir, 1)
     assert f"fingerprint <code>{record['input_fingerprint']}</code>" in page
+    # The data as StatisticsGen saw it: the eval split is what the Evaluator counted, and every
+    # column of the span has a line.
+    eval_examples = re.search(r"<th>feature</th><th>train</th><th>eval</th></tr><tr><td>"
+                              r"examples</td><td>[\d,]+</td><td>([\d,]+)</td>", page)  # fmt: skip
+    assert eval_examples, page
+    assert int(eval_examples[1].replace(",", "")) == loop.first.metrics["overall"]["example_count"]
+    columns = set(re.findall(r"<tr><td>(\w+)</td><td>[^<]*(?: to |, |values)", page))
+    assert set(kit.of(loop.config.use_case).raw_feature_spec) <= columns, columns
     # Step times of every step before the report, carried along the DAG.
     shown = re.findall(r"<tr><td>(\w+)(?: \(cached[^<]*)?</td><td>[\d.]+</td></tr>", page)
     assert set(shown) == set(STEP_ORDER) - {"RunReport"}, shown

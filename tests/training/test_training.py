@@ -303,3 +303,20 @@ def test_gpu_check_runs_its_cpu_rows_here_and_says_there_is_no_gpu():
         ("CPU", "float32"), ("CPU", "mixed_float16"),
     ]  # fmt: skip
     assert all(r["examples_per_second"] > 0 and r["gpu_utilisation"] is None for r in rows)
+
+
+def test_gpu_check_measures_efficientnet_for_images_and_runs_a_multi_class_model_here():
+    """The images use case's gpu-check model is EfficientNetV2-B0 at 224 px (its
+    gpu_check_hyperparameters), over four classes unless class_names says; the same code path
+    runs here on the CPU with the small network (EfficientNet on a CPU takes minutes)."""
+    images = {"use_case": "images", "batch_size": 4}
+    hyperparameters, context = gpu_check.model_settings(PipelineConfig.load(images, environ={}))
+    assert (hyperparameters["network"], hyperparameters["image_size"]) == ("efficientnetv2-b0", 224)
+    assert context == {"class_names": ["class-0", "class-1", "class-2", "class-3"]}
+    small = {**images, "class_names": "a,b,c",
+             "hyperparameters": '{"network": "small_cnn", "image_size": 32}'}  # fmt: skip
+    said = []
+    rows = gpu_check.run(PipelineConfig.load(small, environ={}), steps=2, say=said.append)
+    assert said[1].startswith("Model: use case 'images', hyperparameters ")
+    assert '{"network": "small_cnn", "image_size": 32,' in said[1]
+    assert len(rows) == 2 and all(r["examples_per_second"] > 0 for r in rows)

@@ -1,0 +1,63 @@
+"""What the run's data looked like, for the run report: examples per split and, per feature and
+split, a line a person reads (a number's range, a category's counts, bytes' sizes), from
+StatisticsGen's statistics (nothing is read again). An image use case's rows show its class
+counts (the label name's values) and its image sizes (height, width, bytes per image).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensorflow_metadata.proto.v0 import statistics_pb2
+from tfx.components.statistics_gen import stats_artifact_utils
+from tfx.types import artifact_utils
+
+SHOWN_VALUES = 8  # a category with more values shows its most common ones and how many there are
+_KB = 1024
+
+
+def _common(feature: statistics_pb2.FeatureNameStatistics) -> statistics_pb2.CommonStatistics:
+    for kind in ("num_stats", "string_stats", "bytes_stats", "struct_stats"):
+        if feature.HasField(kind):
+            return getattr(feature, kind).common_stats
+    return statistics_pb2.CommonStatistics()
+
+
+def _missing(common: statistics_pb2.CommonStatistics) -> str:
+    return f"; {common.num_missing:,} missing" if common.num_missing else ""
+
+
+def describe(feature: statistics_pb2.FeatureNameStatistics) -> str:
+    """One feature of one split, in a line."""
+    if feature.HasField("num_stats"):
+        s = feature.num_stats
+        text = f"{s.min:g} to {s.max:g}, mean {s.mean:.4g}"
+    elif feature.HasField("string_stats"):
+        s = feature.string_stats
+        counts = ", ".join(f"{v.value} {v.frequency:,.0f}" for v in s.top_values[:SHOWN_VALUES])
+        text = counts if s.unique <= SHOWN_VALUES else f"{s.unique:,} values; most: {counts}"
+        if not s.top_values or s.top_values[0].frequency <= 1:  # free text, paths
+            text = f"{s.unique:,} values" + (", each once" if s.top_values else "")
+    elif feature.HasField("bytes_stats"):
+        s = feature.bytes_stats
+        text = (f"{s.avg_num_bytes / _KB:.1f} KB on average ({s.min_num_bytes / _KB:.1f} to "
+                f"{s.max_num_bytes / _KB:.1f} KB)")  # fmt: skip
+    else:
+        return "-"
+    return text + _missing(_common(feature))
+
+
+def summarize(statistics) -> dict[str, Any]:
+    """{"splits": {split: examples}, "features": [[name, line per split, ...], ...]}."""
+    splits = artifact_utils.decode_split_names(statistics.split_names)
+    by_split = {s: stats_artifact_utils.load_statistics(statistics, s).proto().datasets[0]
+                for s in splits}  # fmt: skip
+    names = sorted({".".join(f.path.step) for d in by_split.values() for f in d.features})
+    rows = []
+    for name in names:
+        row = [name]
+        for split in splits:
+            found = [f for f in by_split[split].features if ".".join(f.path.step) == name]
+            row.append(describe(found[0]) if found else "-")
+        rows.append(row)
+    return {"splits": {s: int(d.num_examples) for s, d in by_split.items()}, "features": rows}
