@@ -7,7 +7,8 @@ each in float32 and in mixed precision, and prints examples/second and the GPUs'
 utilisation (nvidia-smi, sampled every 0.2 s) for each. The batches are synthetic transformed
 features already in memory, so the figures are the model's and the device's, not the input's
 (`tkp bench-input` measures that); an image model's inputs are decoded pixels at its size. Without
-a GPU it prints the CPU rows and says so.
+a GPU it prints the CPU rows and says so; beside GPUs the CPU row is a float32 reference of 20
+steps.
 """
 
 from __future__ import annotations
@@ -75,21 +76,24 @@ class _Utilisation:
         return statistics.mean(self.samples) if self.samples else None
 
 
+CPU_STEPS_BESIDE_GPUS = 20
+
+
 def model_settings(config: PipelineConfig) -> tuple[dict, dict]:
     """(hyperparameters, build_model's other arguments) of the model gpu-check measures: the use
     case's gpu_check_hyperparameters over its defaults, then the config's; a use case whose
     classes come from the data gets the configured classes, else four."""
-    from components.base.use_case import IMAGE_FOLDERS
     from components.base.use_case import load as load_use_case
+    from components.training.loop import model_context
 
     use_case = load_use_case(config.use_case)
     hyperparameters = use_case.resolved_hyperparameters(
         {**use_case.gpu_check_hyperparameters, **json.loads(config.hyperparameters)}
     )
-    if use_case.input_format != IMAGE_FOLDERS:
-        return hyperparameters, {}
     classes = config.class_names.split(",") if config.class_names else []
-    return hyperparameters, {"class_names": classes or [f"class-{i}" for i in range(4)]}
+    context = model_context(use_case, {"class_names": classes or [f"class-{i}" for i in range(4)]})
+    context.pop("weights_path", None)  # from scratch: the speed is the same
+    return hyperparameters, context
 
 
 def run(config: PipelineConfig, steps: int = 300, say=print) -> list[dict]:
@@ -116,21 +120,27 @@ def run(config: PipelineConfig, steps: int = 300, say=print) -> list[dict]:
         setups.append((f"{len(gpus)} GPUs", tf.distribute.MirroredStrategy()))
     rows = []
     for name, strategy in setups:
-        for precision in ("float32", "mixed_float16"):
+        # Beside GPUs the CPU row is a reference only: float32, CPU_STEPS_BESIDE_GPUS steps after
+        # 2 (an image network on a CPU would take many minutes of a GPU machine's time, and
+        # float16 is emulated there).
+        reference = bool(gpus) and name == "CPU"
+        for precision in ("float32",) if reference else ("float32", "mixed_float16"):
+            timed = min(steps, CPU_STEPS_BESIDE_GPUS) if reference else steps
             tf.keras.mixed_precision.set_global_policy(precision)
             replicas = strategy.num_replicas_in_sync
             batch = config.batch_size * replicas
             with strategy.scope():
                 keras_model = build_model(hyperparameters, config.learning_rate, **context)
             data = _batches(keras_model, batch, 20, classes)
-            keras_model.fit(data, steps_per_epoch=20, epochs=1, verbose=0)  # tracing, cache
+            warm_up = 2 if reference else 20  # tracing, cache
+            keras_model.fit(data, steps_per_epoch=warm_up, epochs=1, verbose=0)
             with _Utilisation() as utilisation:
                 began = time.perf_counter()
-                keras_model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+                keras_model.fit(data, steps_per_epoch=timed, epochs=1, verbose=0)
                 seconds = time.perf_counter() - began
             row = {
                 "devices": name, "precision": precision, "replicas": replicas,
-                "examples_per_second": steps * batch / seconds,
+                "examples_per_second": timed * batch / seconds,
                 "gpu_utilisation": utilisation.mean,
             }  # fmt: skip
             rows.append(row)

@@ -43,6 +43,8 @@ ENV_PREFIX = "PIPELINE_"
 # The drift strength `add-span --drift` writes without a value (pipelines/data.py): a shift the
 # validation step's drift check (the schema's drift_comparator thresholds) catches.
 DEFAULT_DRIFT = 1.0
+# The edge model's weights (components/steps/edge.py): float32, float16, or int8 (dynamic range).
+TFLITE_QUANTIZATIONS = ("none", "float16", "dynamic")
 # PIPELINE_* variables that are not config fields but are read elsewhere.
 OTHER_ENV = {"PIPELINE_WORK_DIR"}
 
@@ -95,7 +97,7 @@ class PipelineConfig:
     export_tflite: int = 0
     # Its weights: "none" (float32, as served), "float16" (half the size) or "dynamic" (int8
     # weights, a quarter); components/steps/edge.py.
-    tflite_quantization: str = "none"
+    tflite_quantization: str = "none"  # TFLITE_QUANTIZATIONS
     # `watch`: seconds between polls of the data root.
     watch_interval: int = 60
     # Artifacts and ML Metadata. Local disk for the local runner (see README: object-store root).
@@ -573,7 +575,7 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "force": _one_of_numbers(0, 1),
     "keep_versions": _at_least(2),
     "export_tflite": _one_of_numbers(0, 1),
-    "tflite_quantization": _one_of("none", "float16", "dynamic"),
+    "tflite_quantization": _one_of(*TFLITE_QUANTIZATIONS),
     "watch_interval": _between(5, 3600),
     "serving_root": _storage_root,
     "model_name": _matches(

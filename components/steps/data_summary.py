@@ -27,11 +27,16 @@ def _missing(common: statistics_pb2.CommonStatistics) -> str:
     return f"; {common.num_missing:,} missing" if common.num_missing else ""
 
 
+def _number(value: float) -> str:
+    """Whole numbers in full (a timestamp reads 1,704,067,200, not 1.70407e+09)."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:.4g}"
+
+
 def describe(feature: statistics_pb2.FeatureNameStatistics) -> str:
     """One feature of one split, in a line."""
     if feature.HasField("num_stats"):
         s = feature.num_stats
-        text = f"{s.min:g} to {s.max:g}, mean {s.mean:.4g}"
+        text = f"{_number(s.min)} to {_number(s.max)}, mean {s.mean:.4g}"
     elif feature.HasField("string_stats"):
         s = feature.string_stats
         counts = ", ".join(f"{v.value} {v.frequency:,.0f}" for v in s.top_values[:SHOWN_VALUES])
@@ -42,16 +47,23 @@ def describe(feature: statistics_pb2.FeatureNameStatistics) -> str:
         s = feature.bytes_stats
         text = (f"{s.avg_num_bytes / _KB:.1f} KB on average ({s.min_num_bytes / _KB:.1f} to "
                 f"{s.max_num_bytes / _KB:.1f} KB)")  # fmt: skip
-    else:
-        return "-"
+    else:  # a struct: its values are features of their own
+        return "-" + _missing(_common(feature))
     return text + _missing(_common(feature))
 
 
 def summarize(statistics) -> dict[str, Any]:
-    """{"splits": {split: examples}, "features": [[name, line per split, ...], ...]}."""
-    splits = artifact_utils.decode_split_names(statistics.split_names)
-    by_split = {s: stats_artifact_utils.load_statistics(statistics, s).proto().datasets[0]
-                for s in splits}  # fmt: skip
+    """{"splits": {split: examples}, "features": [[name, line per split, ...], ...]}; a split
+    without statistics is left out (the report says what there is rather than fail the run)."""
+    by_split = {}
+    for split in artifact_utils.decode_split_names(statistics.split_names):
+        try:
+            datasets = stats_artifact_utils.load_statistics(statistics, split).proto().datasets
+        except Exception:  # noqa: BLE001 - a missing or unreadable file: nothing to show
+            continue
+        if datasets:
+            by_split[split] = datasets[0]
+    splits = list(by_split)
     names = sorted({".".join(f.path.step) for d in by_split.values() for f in d.features})
     rows = []
     for name in names:

@@ -43,6 +43,7 @@ import tempfile  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from components.base.config import TFLITE_QUANTIZATIONS  # noqa: E402
 from components.base.errors import ActionableError  # noqa: E402
 from components.training import export  # noqa: E402
 
@@ -77,7 +78,7 @@ def _with_tables_imported(
     return raw_features.get_concrete_function(**raw.structured_input_signature[1])
 
 
-QUANTIZATIONS = ("none", "float16", "dynamic")
+QUANTIZATIONS = TFLITE_QUANTIZATIONS
 
 
 def export_tflite(saved_model_dir: str, quantization: str = "none") -> bytes:
@@ -102,9 +103,9 @@ def export_tflite(saved_model_dir: str, quantization: str = "none") -> bytes:
                 tf.lite.OpsSet.TFLITE_BUILTINS,
                 tf.lite.OpsSet.SELECT_TF_OPS,  # the ops listed in the module docstring
             ]
-            if quantization != "none":
-                converter.optimizations = [tf.lite.Optimize.DEFAULT]  # dynamic range
-            if quantization == "float16":
+            if quantization != "none":  # alone: dynamic range (int8 weights)
+                converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            if quantization == "float16":  # ...unless float16 is the smallest type allowed
                 converter.target_spec.supported_types = [tf.float16]
             return converter.convert()
     except Exception as error:

@@ -4,10 +4,13 @@ in-memory server of GCS's JSON API, started as its own process.
 Boundary: it stands in for GCS itself, which cannot be reached from here. Beam's `gs://` file
 system and google-cloud-storage reach it through `STORAGE_EMULATOR_HOST` (google-cloud-storage's
 `_get_storage_emulator_override`); `components/base/storage.py` then connects anonymously.
-What it does not play, so no test may lean on it: authentication and IAM (it accepts any
-request), GCS's consistency and rate limits. TensorFlow's own `gs://` client cannot be pointed at
-it (its endpoints are compiled in), so any `gs://` read that bypasses the project's storage layer
-fails here instead of passing: that is what the `gs://` tests prove.
+What it does not play (gcp_storage_emulator/handlers/objects.py, 2026.7.19), so no test may lean
+on it: authentication and IAM (it accepts any request); paging (a listing comes back whole, never
+with a `nextPageToken`, where GCS pages at 1,000 objects); preconditions (`ifGenerationMatch`
+and the like are ignored); errors a real bucket answers (429 rate limits, 5xx), so no retry is
+exercised. TensorFlow's own `gs://` client cannot be pointed at it (its endpoints are compiled
+in), so any `gs://` read that bypasses the project's storage layer fails here instead of
+passing: that is what the `gs://` tests prove.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import requests
 
@@ -25,13 +29,15 @@ from tests.pipelines.serving.test_serve_reload import free_port
 
 
 @contextlib.contextmanager
-def running(bucket: str) -> Iterator[str]:
-    """An emulator holding an empty `bucket`; yields the value of STORAGE_EMULATOR_HOST."""
+def running(bucket: str, log: Path) -> Iterator[str]:
+    """An emulator holding an empty `bucket`, its output in `log`; yields the value of
+    STORAGE_EMULATOR_HOST."""
     port = free_port()
+    output = log.open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
          "--port", str(port), "--default-bucket", bucket, "--in-memory", "--quiet"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=output, stderr=subprocess.STDOUT,
     )  # fmt: skip
     host = f"http://127.0.0.1:{port}"
     try:
@@ -39,13 +45,14 @@ def running(bucket: str) -> Iterator[str]:
         while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
                 break
-            assert process.poll() is None, "gcp-storage-emulator exited at start"
+            assert process.poll() is None, f"gcp-storage-emulator exited: {log.read_text()}"
             assert time.monotonic() < deadline, "gcp-storage-emulator did not listen within 30 s"
             time.sleep(0.2)
         yield host
     finally:
         process.terminate()
         process.wait(timeout=30)
+        output.close()
 
 
 def object_names(host: str, bucket: str, prefix: str) -> list[str]:
