@@ -39,7 +39,8 @@ def describe(feature: statistics_pb2.FeatureNameStatistics) -> str:
         text = f"{_number(s.min)} to {_number(s.max)}, mean {s.mean:.4g}"
     elif feature.HasField("string_stats"):
         s = feature.string_stats
-        counts = ", ".join(f"{v.value} {v.frequency:,.0f}" for v in s.top_values[:SHOWN_VALUES])
+        # " · " between values: a comma would run into a count's thousands separator.
+        counts = " · ".join(f"{v.value} {v.frequency:,.0f}" for v in s.top_values[:SHOWN_VALUES])
         text = counts if s.unique <= SHOWN_VALUES else f"{s.unique:,} values; most: {counts}"
         if not s.top_values or s.top_values[0].frequency <= 1:  # free text, paths
             text = f"{s.unique:,} values" + (", each once" if s.top_values else "")

@@ -66,22 +66,31 @@ def _local_model(model_dir: str, local_dir: str):
     return tf.saved_model.load(model_dir)
 
 
-def image_predictions(model_dir: str, span_dir: str, limit: int = 5) -> list[str]:
-    """The served model's answer to the first image of each class folder (up to `limit`), sent
-    as a client sends it: the file's bytes to the raw_features signature."""
+def images_by_class(span_dir: str) -> dict[str, list[str]]:
+    """An image span's files per class folder, in listing order."""
+    span_dir = span_dir.rstrip("/") + "/"
+    found: dict[str, list[str]] = {}
+    for info in spans.span_files(span_dir, spans.IMAGE_FOLDERS):
+        found.setdefault(info.path[len(span_dir) :].split("/")[0], []).append(info.path)
+    return found
+
+
+def image_scores(model_dir: str, paths: list[str]) -> dict[str, tf.Tensor]:
+    """A pushed model's outputs (classes, scores) for image files, sent as a client sends them:
+    the files' bytes to the raw_features signature."""
     from components.training.export import RAW_SIGNATURE
 
-    first = {}
-    for info in spans.span_files(span_dir.rstrip("/") + "/", spans.IMAGE_FOLDERS):
-        folder = info.path[len(span_dir.rstrip("/")) + 1 :].split("/")[0]
-        first.setdefault(folder, info.path)
-    paths = sorted(first.values())[:limit]
-    if not paths:
-        return [f"No image under {span_dir}: no predictions to show."]
     with tempfile.TemporaryDirectory() as local_dir:
         signature = _local_model(model_dir, local_dir).signatures[RAW_SIGNATURE]
-        images = tf.constant([storage.read_bytes(path) for path in paths])
-        outputs = signature(image=images)
+        return signature(image=tf.constant([storage.read_bytes(path) for path in paths]))
+
+
+def image_predictions(model_dir: str, span_dir: str, limit: int = 5) -> list[str]:
+    """The served model's answer to the first image of each class folder (up to `limit`)."""
+    paths = sorted(found[0] for found in images_by_class(span_dir).values())[:limit]
+    if not paths:
+        return [f"No image under {span_dir}: no predictions to show."]
+    outputs = image_scores(model_dir, paths)
     lines = [f"Predictions of {model_dir} on the first image of each class in {span_dir}:"]
     width = max(len(path) for path in paths)
     for path, classes, scores in zip(paths, outputs["classes"].numpy(),

@@ -25,8 +25,7 @@ from components.use_cases.images import data as images_data
 from pipelines import data
 from pipelines.local.local_runner import run_pipeline
 from pipelines.run_summary import format_summary, latest_step_outputs
-from pipelines.serving.model_server import ModelManager
-from pipelines.serving.serve import start_in_thread
+from tests.pipelines.serving.served import serving
 
 IMAGES = 600  # per span: a 120-image eval split
 ASKED = 10  # images of each class sent to the served model
@@ -100,11 +99,7 @@ def image_loop(object_store, tmp_path_factory) -> types.SimpleNamespace:
 def _ask_served_model(config: PipelineConfig, cache) -> dict:
     """`tkp serve`'s server on the serving folder, asked what the first ASKED images of each class
     of span 0 show, as a client asks: base64 JPEG or PNG bytes to :predict."""
-    manager = ModelManager(config.model_name, config.serving_model_dir, cache, poll_seconds=0.3)
-    manager.poll()
-    manager.start()
-    server = start_in_thread(manager)
-    try:
+    with serving(config.model_name, config.serving_model_dir, cache) as server:
         firsts: dict[str, list[bytes]] = {}
         for path, content in images_data.generate_span(IMAGES, 0):
             firsts.setdefault(path.split("/")[0], []).append(content)
@@ -115,9 +110,6 @@ def _ask_served_model(config: PipelineConfig, cache) -> dict:
                                  data=json.dumps(body), timeout=60)  # fmt: skip
         return {"status": response.status_code, "body": response.json(),
                 "folders": [folder for folder, _ in asked]}  # fmt: skip
-    finally:
-        server.stop()
-        manager.stop()
 
 
 def test_span_0_is_served_as_version_1_and_names_the_class_of_a_base64_image(image_loop):
@@ -160,8 +152,10 @@ def test_the_run_report_shows_the_confusion_matrix_classes_and_eval_images(image
     assert splits and {splits[1], splits[2]} == {"train", "eval"}, page
     assert int(splits[3].replace(",", "")) + int(splits[4].replace(",", "")) == IMAGES
     (counts,) = re.findall(r"<tr><td>label_name</td><td>([^<]*)</td>", page)
-    found = dict(re.findall(r"(\w+) ([\d,]+)", counts))
-    assert set(found) == set(images_data.CLASSES) and all(int(n) > 0 for n in found.values())
+    found = dict(re.findall(r"(\w+) (\d{1,3}(?:,\d{3})*)(?: · |$)", counts))
+    assert set(found) == set(images_data.CLASSES), counts
+    # The first column is the first split's.
+    assert sum(int(n.replace(",", "")) for n in found.values()) == int(splits[3].replace(",", ""))
     assert re.search(r"<tr><td>height</td><td>\d+ to \d+, mean [\d.]+</td>", page)
     assert re.search(r"<tr><td>image</td><td>[\d.]+ KB on average", page)
 

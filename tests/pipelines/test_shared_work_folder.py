@@ -22,7 +22,7 @@ from components.base.object_store import EmbeddedObjectStore
 from pipelines.serving.serving_client import ServingClient
 from tests.pipelines import cli_process
 from tests.pipelines.cli_process import alive, recorded_store, wait_gone
-from tests.pipelines.serving.test_serve import push
+from tests.pipelines.serving.served import push
 from tests.pipelines.serving.test_serve_reload import free_port
 
 BUCKET = "tfx-pipeline"  # the default roots' bucket

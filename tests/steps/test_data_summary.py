@@ -16,6 +16,7 @@ def test_lines_per_feature_and_a_split_without_statistics_left_out(tmp_path):
         "fare": [2.5, 10.25, 7.0],
         "shape": ["circle", "circle", "square"],
     })  # fmt: skip
+    frame = pd.concat([frame] * 500, ignore_index=True)  # counts in the thousands
     statistics = tfdv.generate_statistics_from_dataframe(frame)
     (tmp_path / "Split-eval").mkdir()
     (tmp_path / "Split-eval" / "FeatureStats.pb").write_bytes(statistics.SerializeToString())
@@ -25,9 +26,9 @@ def test_lines_per_feature_and_a_split_without_statistics_left_out(tmp_path):
 
     summary = data_summary.summarize(artifact)
 
-    assert summary["splits"] == {"eval": 3}
+    assert summary["splits"] == {"eval": 1500}
     assert summary["features"] == [
         ["fare", "2.5 to 10.25, mean 6.583"],
-        ["shape", "circle 2, square 1"],
+        ["shape", "circle 1,000 · square 500"],
         ["trip_start", "1,704,067,200 to 1,704,074,400, mean 1.704e+09"],
     ]

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import importlib
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -199,19 +198,11 @@ class Kit:
             p = np.array(samples.predict(model_dir, rows, self.use_case))
             labels = np.array([int(r[self.use_case.label_key]) for r in rows])
             return np.stack([1 - p, p], axis=1), labels
-        from components.training.export import RAW_SIGNATURE
-
-        by_class: dict[str, list] = {}
-        for info in spans.span_files(span_dir, spans.IMAGE_FOLDERS):
-            by_class.setdefault(info.path[len(span_dir) :].split("/")[0], []).append(info)
+        by_class = samples.images_by_class(span_dir)
         each = max(1, limit // len(by_class))  # every class, not the first folders' alone
-        infos = [info for found in by_class.values() for info in found[:each]]
-        with tempfile.TemporaryDirectory() as local:
-            storage.copy_tree(model_dir, local)
-            signature = tf.saved_model.load(local).signatures[RAW_SIGNATURE]
-            images = tf.constant([storage.read_bytes(info.path) for info in infos])
-            scores = signature(image=images)["scores"].numpy()
-        folders = [info.path[len(span_dir) :].split("/")[0] for info in infos]
+        chosen = [(folder, path) for folder, paths in by_class.items() for path in paths[:each]]
+        scores = samples.image_scores(model_dir, [path for _, path in chosen])["scores"].numpy()
+        folders = [folder for folder, _ in chosen]
         return scores, np.array([self.class_names.index(f) for f in folders])
 
     def separation(self, model_dir: str, data_root: str, span: int, limit: int) -> float:

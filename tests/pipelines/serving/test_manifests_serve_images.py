@@ -24,7 +24,7 @@ from components.training.export import RAW_SIGNATURE
 from pipelines.serving import tfs_json
 from pipelines.serving.servable import Servable
 from tests.pipelines import cli_process
-from tests.pipelines.serving.test_serve import push
+from tests.pipelines.serving.served import push
 from tests.pipelines.serving.test_serving_manifests import (
     SERVING,
     _StrictLoader,

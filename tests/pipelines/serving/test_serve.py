@@ -14,8 +14,6 @@ tests/use_cases/images/test_serving.py.
 """
 
 import base64
-import csv
-import io
 import json
 
 import numpy as np
@@ -24,35 +22,19 @@ import requests
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 
-from components.base import registry, storage
+from components.base import storage
 from components.steps import warmup
-from components.steps.pusher import push_version
 from components.training.export import (
     CLASSIFY_SIGNATURE,
     RAW_SIGNATURE,
     REGRESS_SIGNATURE,
     SERVING_SIGNATURE,
 )
-from pipelines.serving.model_server import ModelManager
 from pipelines.serving.samples import row_to_example
-from pipelines.serving.serve import start_in_thread
 from pipelines.serving.serving_client import ServingClient, ServingRequestError
+from tests.pipelines.serving.served import frame_rows, push, serving
 
 ROWS = 8
-
-
-def frame_rows(frame) -> list[dict[str, str]]:
-    """DataFrame rows as a client reads them from a span's CSV file (pipelines/data.py)."""
-    return list(csv.DictReader(io.StringIO(frame.to_csv(index=False, na_rep=""))))
-
-
-def push(folder: str, model: str, model_dir: str, version: int, examples: list[bytes]) -> None:
-    """What the Pusher publishes: the files, the warm-up requests, the model config file."""
-    rows = [tf.train.Example.FromString(e) for e in examples]
-    pb = open(f"{model_dir}/saved_model.pb", "rb").read()
-    extra = {warmup.WARMUP_PATH: warmup.warmup_records(model, pb, rows)}
-    push_version(model_dir, folder, version, extra)
-    registry.serve(folder, model, version, why="push")
 
 
 def required_feature(spec: dict, use_case: str) -> str:
@@ -78,23 +60,17 @@ def served(object_store, tabular_use_case_model, tmp_path_factory):
     folder = f"s3://{object_store.new_bucket('serve')}/serving/{model_name}"
     examples = to_examples(eval_frame.head(16), with_label=False)
     push(folder, model_name, fn_args.serving_model_dir, 1, examples)
-    manager = ModelManager(model_name, folder, tmp_path_factory.mktemp("cache"), poll_seconds=0.3)
-    said: list[str] = []
-    manager.on_change = said.append
-    manager.poll()
-    manager.start()
-    server = start_in_thread(manager, max_request_bytes=1 << 20)
     model = tf.saved_model.load(fn_args.serving_model_dir)
-    rows = frame_rows(eval_frame.head(ROWS))
     expected = model.signatures[SERVING_SIGNATURE](
         examples=tf.constant(to_examples(eval_frame.head(ROWS), with_label=False))
     )["outputs"].numpy()[:, 0]
-    spec = tabular_use_case_model.kit.serving_feature_spec
-    yield dict(url=server.url, manager=manager, folder=folder, said=said, rows=rows,
-               expected=expected, model_dir=fn_args.serving_model_dir, examples=examples,
-               model=model_name, use_case=tabular_use_case_model.use_case, spec=spec)  # fmt: skip
-    server.stop()
-    manager.stop()
+    cache = tmp_path_factory.mktemp("cache")
+    with serving(model_name, folder, cache, max_request_bytes=1 << 20) as server:
+        yield dict(url=server.url, manager=server.manager, folder=folder, said=server.said,
+                   rows=frame_rows(eval_frame.head(ROWS)), expected=expected,
+                   model_dir=fn_args.serving_model_dir, examples=examples, model=model_name,
+                   use_case=tabular_use_case_model.use_case,
+                   spec=tabular_use_case_model.kit.serving_feature_spec)  # fmt: skip
 
 
 def at(served, tail: str = "") -> str:

@@ -13,9 +13,8 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from components.base import registry, storage
 from pipelines.serving.model_server import ModelManager
-from pipelines.serving.serve import start_in_thread
 from pipelines.serving.serving_client import ServingClient
-from tests.pipelines.serving.test_serve import frame_rows, push
+from tests.pipelines.serving.served import frame_rows, push, serving
 
 
 def wait_until(condition, what: str, timeout: float = 90) -> None:
@@ -60,34 +59,28 @@ def test_push_rollback_and_a_broken_version_while_requests_flow(
     examples = tabular_use_case_model.to_examples(eval_frame.head(16), with_label=False)
     push(folder, model, fn_args.serving_model_dir, 1, examples)
     cache = tmp_path / "cache"
-    manager = ModelManager(model, folder, cache, poll_seconds=0.3)
-    said: list[str] = []
-    manager.on_change = said.append
-    manager.poll()
-    manager.start()
-    server = start_in_thread(manager)
-    client = ServingClient(server.url, model, use_case=tabular_use_case_model.name)
-    traffic = Traffic(client, frame_rows(eval_frame.head(4)))
-    try:
-        wait_until(lambda: traffic.answered > 5, "the first answers")
+    with serving(model, folder, cache) as server:
+        manager, said = server.manager, server.said
+        client = ServingClient(server.url, model, use_case=tabular_use_case_model.name)
+        traffic = Traffic(client, frame_rows(eval_frame.head(4)))
+        try:
+            wait_until(lambda: traffic.answered > 5, "the first answers")
 
-        push(folder, model, fn_args.serving_model_dir, 2, examples)  # what the Pusher does
-        wait_until(lambda: client.serving_version() == 2, "version 2 to serve")
-        assert (2, "LOADING") in traffic.states  # answered by version 1 meanwhile
-        registry.rollback(folder, model)  # `tkp rollback`
-        wait_until(lambda: client.serving_version() == 1, "the rollback to version 1")
+            push(folder, model, fn_args.serving_model_dir, 2, examples)  # what the Pusher does
+            wait_until(lambda: client.serving_version() == 2, "version 2 to serve")
+            assert (2, "LOADING") in traffic.states  # answered by version 1 meanwhile
+            registry.rollback(folder, model)  # `tkp rollback`
+            wait_until(lambda: client.serving_version() == 1, "the rollback to version 1")
 
-        # A version whose saved_model.pb is garbage: never loaded, version 1 keeps serving.
-        storage.copy_tree(f"{folder}/1", f"{folder}/3")
-        storage.write_bytes(f"{folder}/3/saved_model.pb", b"not a SavedModel")
-        registry.serve(folder, model, 3, why="test: a corrupted push")
-        wait_until(lambda: any(s.startswith("Version 3 failed") for s in said), "the failure")
-        answered = traffic.answered
-        wait_until(lambda: traffic.answered > answered + 3, "answers after the failure")
-    finally:
-        traffic.stop()
-        server.stop()
-        manager.stop()
+            # A version whose saved_model.pb is garbage: never loaded, version 1 keeps serving.
+            storage.copy_tree(f"{folder}/1", f"{folder}/3")
+            storage.write_bytes(f"{folder}/3/saved_model.pb", b"not a SavedModel")
+            registry.serve(folder, model, 3, why="test: a corrupted push")
+            wait_until(lambda: any(s.startswith("Version 3 failed") for s in said), "the failure")
+            answered = traffic.answered
+            wait_until(lambda: traffic.answered > answered + 3, "answers after the failure")
+        finally:
+            traffic.stop()
 
     assert traffic.failures == []
     statuses = {int(s["version"]): s for s in client_status(manager, model)}

@@ -16,9 +16,7 @@ import tensorflow as tf
 
 from components.steps.image_input import IMAGE_KEY
 from components.training.export import CLASSIFY_SIGNATURE, RAW_SIGNATURE, SERVING_SIGNATURE
-from pipelines.serving.model_server import ModelManager
-from pipelines.serving.serve import start_in_thread
-from tests.pipelines.serving.test_serve import push
+from tests.pipelines.serving.served import push, serving
 
 IMAGES = 6
 
@@ -30,21 +28,14 @@ def served(object_store, session_models, tmp_path_factory):
     folder = f"s3://{object_store.new_bucket('serve-images')}/serving/{name}"
     push(folder, name, model.fn_args.serving_model_dir, 1,
          model.to_examples(eval_frame.head(8), with_label=False))  # fmt: skip
-    manager = ModelManager(name, folder, tmp_path_factory.mktemp("cache"), poll_seconds=0.3)
-    said: list[str] = []
-    manager.on_change = said.append
-    manager.poll()
-    manager.start()
-    server = start_in_thread(manager, max_request_bytes=1 << 20)
     chosen = eval_frame.groupby("label_name").head(IMAGES // 3).head(IMAGES)  # several classes
     images = list(chosen[IMAGE_KEY])
     saved = tf.saved_model.load(model.fn_args.serving_model_dir)
     expected = saved.signatures[RAW_SIGNATURE](image=tf.constant(images))
-    yield dict(url=f"{server.url}/v1/models/{name}", said=said, images=images,
-               classes=model.kit.class_names, scores=expected["scores"].numpy(),
-               labels=list(chosen["label_name"]))  # fmt: skip
-    server.stop()
-    manager.stop()
+    with serving(name, folder, tmp_path_factory.mktemp("cache"), max_request_bytes=1 << 20) as on:
+        yield dict(url=f"{on.url}/v1/models/{name}", said=on.said, images=images,
+                   classes=model.kit.class_names, scores=expected["scores"].numpy(),
+                   labels=list(chosen["label_name"]))  # fmt: skip
 
 
 def b64(data: bytes) -> dict[str, str]:
