@@ -66,14 +66,18 @@ def trainer_config(config: PipelineConfig) -> dict:
         "checkpoint_max_age_hours": config.checkpoint_max_age_hours,
         "cache_training_data": config.cache_training_data,
         "tensorboard_every_steps": config.tensorboard_every_steps,
-        **({"tfjob": tfjob_settings(config)} if config.num_workers > 1 else {}),
+        **({"cluster_job": cluster_job_settings(config)} if config.num_workers > 1 else {}),
     }
 
 
-def tfjob_settings(config: PipelineConfig) -> dict:
-    """What a TFJob replica's pod gets on Kubeflow (components/training/tfjob.py): what the
-    single-pod Trainer gets (pipelines/kubeflow/kubeflow_runner.py)."""
+def cluster_job_settings(config: PipelineConfig) -> dict:
+    """The job a multi-worker Trainer runs on Kubeflow (components/training/cluster_job.py), and
+    what each replica's pod gets: what the single-pod Trainer gets
+    (pipelines/kubeflow/kubeflow_runner.py)."""
     return {
+        "kind": config.multi_worker_job,
+        "runtime": config.trainjob_runtime,
+        "start_timeout_minutes": config.replica_start_timeout_minutes,
         "image": config.gpu_image,
         "cpu": config.trainer_cpu,
         "memory": config.trainer_memory,

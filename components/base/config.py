@@ -36,7 +36,7 @@ from components.base.use_case import load as load_use_case
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORK_DIR = Path(os.environ.get("PIPELINE_WORK_DIR", REPO_ROOT / ".work"))
 # Kubernetes: the GPU resource name (the KFP backend uses the accelerator type as it) and the
-# object-store credentials every step and TFJob replica gets from `credentials_secret`.
+# object-store credentials every step and multi-worker replica gets from `credentials_secret`.
 GPU_RESOURCE = "nvidia.com/gpu"
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
 ENV_PREFIX = "PIPELINE_"
@@ -121,10 +121,18 @@ class PipelineConfig:
     mixed_precision: str = "auto"  # auto: on when a GPU is present
     # How training is distributed (components/training/distribution.py): auto, one_device, mirrored
     # or multi_worker; `num_workers` > 1 trains on that many machines (local: processes on
-    # loopback; Kubeflow: a TFJob). batch_size is per replica; the learning rate grows with
-    # sqrt(replicas).
+    # loopback; Kubeflow: a job of replicas). batch_size is per replica; the learning rate grows
+    # with sqrt(replicas).
     strategy: str = "auto"
     num_workers: int = 1
+    # Kubeflow, num_workers > 1: the job the replicas run as (components/training/cluster_job.py):
+    # `trainjob` (Kubeflow Trainer v2, against the ClusterTrainingRuntime `trainjob_runtime`,
+    # shipped as kubeflow/trainjob-runtime.yaml) or `tfjob` (Training Operator v1). Replicas not
+    # all started within `replica_start_timeout_minutes` (no GPU free, a missing Secret) fail
+    # the step, naming each waiting pod and why it waits.
+    multi_worker_job: str = "trainjob"
+    trainjob_runtime: str = "tfx-tensorflow-distributed"
+    replica_start_timeout_minutes: float = 20.0
     # Guards: training stops cleanly after `max_train_minutes` (and exports the best model so
     # far); EarlyStopping stops after `early_stopping_patience` epochs without a better eval AUC
     # (0: never early) and the best epoch's weights are exported.
@@ -594,6 +602,9 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "mixed_precision": _one_of("auto", "on", "off"),
     "strategy": _strategy,
     "num_workers": _between(1, 64),
+    "multi_worker_job": _one_of("trainjob", "tfjob"),
+    "trainjob_runtime": _matches(_DNS_SUBDOMAIN, "a ClusterTrainingRuntime name"),
+    "replica_start_timeout_minutes": _between(1, 24 * 60),
     "max_train_minutes": _between(0.1, 7 * 24 * 60),
     "early_stopping_patience": _at_least(0),
     "checkpoint_every_steps": _at_least(0),

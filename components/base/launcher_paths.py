@@ -2,8 +2,8 @@
 
 The launcher downloads each input artifact from the pipeline root to a local path (`s3://b/k` to
 `/s3/b/k`, `gs://` to `/gcs/`, `minio://` to `/minio/`) and uploads outputs from there. The step
-container's entry point (pipelines/kubeflow/kfp_entrypoint.py) and the Trainer's TFJob
-(components/training/tfjob.py) both map between the two.
+container's entry point (pipelines/kubeflow/kfp_entrypoint.py) and the Trainer's cluster job
+(components/training/cluster_job.py) both map between the two.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ Trainer executor runs. It also:
   selected spans' fingerprint (the `selection` input), the curated schema and the training
   parameters, and removes backups abandoned longer than `checkpoint_max_age_hours`;
 - with `num_workers` > 1 runs the training as that many workers: processes on this machine
-  (components/training/local_workers.py), or a TFJob when the step runs on Kubeflow
-  (components/training/tfjob.py);
+  (components/training/local_workers.py), or a job of replicas when the step runs on Kubeflow
+  (components/training/cluster_job.py: a Trainer v2 TrainJob or a TFJob);
 - records what the training did (steps, replicas, examples/s, why it stopped) as custom
   properties of the model_run artifact, which the run summary prints.
 """
@@ -34,15 +34,18 @@ from components.base.config import check_run_parameters
 from components.base.launcher_paths import PIPELINE_FOLDER_ENV
 from components.steps.example_gen import CLASS_NAMES_KEY
 from components.steps.span_selection import SpanSelection, read_selection
-from components.training import checkpoints, local_workers, tfjob
+from components.training import checkpoints, cluster_job, local_workers
 from components.training.checkpoints import CHECKPOINTS_FOLDER
+from components.training.tfjob import TFJobKind
+from components.training.trainjob import TrainJobKind
 
+JOB_KINDS = {"trainjob": TrainJobKind, "tfjob": TFJobKind}  # config multi_worker_job
 RUN_PARAMETER_NAMES = ("train_steps", "epochs", "max_train_minutes")
 # Training parameters that do not change the trained weights, so not part of the backup key.
 # (checkpoint_every_steps stays in: a step backup resumed in epoch mode would skip the rest of
 # its epoch.)
 _NOT_IN_KEY = ("checkpoint_root", "checkpoint_max_age_hours", "max_train_minutes",
-               "tensorboard_every_steps", "tfjob")  # fmt: skip
+               "tensorboard_every_steps", "cluster_job")  # fmt: skip
 SUMMARY_PROPERTIES = (
     "strategy", "steps", "replicas", "workers", "examples_per_second", "stopped", "resumed",
 )  # fmt: skip
@@ -67,8 +70,9 @@ class TunableTrainerExecutor(trainer_executor.GenericExecutor):
             custom_config["checkpoint_dir"] = _backup_dir(input_dict, custom_config, train_args)
         properties["custom_config"] = json.dumps(custom_config)
         workers = int(custom_config.get("num_workers", 1))
-        if _as_tfjob(custom_config):
-            tfjob.run(input_dict, output_dict, properties, workers)
+        if _on_a_cluster(custom_config):
+            cluster_job.run(JOB_KINDS[custom_config["cluster_job"]["kind"]](), input_dict,
+                            output_dict, properties, workers)  # fmt: skip
         elif workers > 1:
             local_workers.run(input_dict, output_dict, properties, workers)
         else:
@@ -83,9 +87,9 @@ def _backup_dir(input_dict, custom_config: dict, train_args: trainer_pb2.TrainAr
     parameters = {k: v for k, v in custom_config.items() if k not in _NOT_IN_KEY}
     parameters["train_steps"] = train_args.num_steps
     # The replicas (strategy auto uses every GPU) set the global batch and learning rate; a
-    # TFJob's replicas have the GPUs, not this step's pod.
-    tfjob_gpus = custom_config["tfjob"]["gpus"] if _as_tfjob(custom_config) else None
-    parameters["gpus"] = local_workers.visible_gpus() if tfjob_gpus is None else tfjob_gpus
+    # cluster job's replicas have the GPUs, not this step's pod.
+    job_gpus = custom_config["cluster_job"]["gpus"] if _on_a_cluster(custom_config) else None
+    parameters["gpus"] = local_workers.visible_gpus() if job_gpus is None else job_gpus
     key = checkpoints.training_key(selection["fingerprint"], schema, parameters)
     root = _backup_root(custom_config["checkpoint_root"])
     max_age = float(custom_config.get("checkpoint_max_age_hours", 72))
@@ -93,7 +97,7 @@ def _backup_dir(input_dict, custom_config: dict, train_args: trainer_pb2.TrainAr
     return storage.join(root, key)
 
 
-def _as_tfjob(custom_config: dict) -> bool:
+def _on_a_cluster(custom_config: dict) -> bool:
     """Several workers in a Kubeflow step (pipelines/kubeflow/kfp_entrypoint.py sets the folder)."""
     return int(custom_config.get("num_workers", 1)) > 1 and bool(
         os.environ.get(PIPELINE_FOLDER_ENV)

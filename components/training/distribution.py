@@ -6,7 +6,8 @@
 - one_device: OneDeviceStrategy on the first GPU, or the CPU;
 - mirrored: MirroredStrategy over every visible GPU (the CPU when there is none);
 - multi_worker: MultiWorkerMirroredStrategy over the cluster in TF_CONFIG (local processes on
-  loopback, components/training/local_workers.py, or a TFJob's replicas on Kubeflow).
+  loopback, components/training/local_workers.py, or a TrainJob's or TFJob's replicas on
+  Kubeflow).
 parameter_server and tpu are refused when the config is built (components/base/config.py says why).
 
 Batch and learning rate: `batch_size` is per replica, so the global batch is
@@ -39,8 +40,8 @@ def num_tasks(tf_config: dict) -> int:
 def is_chief(tf_config: dict | None = None) -> bool:
     """Whether this process writes what only one may: the model, TensorBoard, the backups.
 
-    The chief is task `chief` when the cluster has one (a TFJob's Chief replica), else worker 0:
-    MultiWorkerMirroredStrategy's own rule (multi_worker_util.is_chief)."""
+    The chief is task `chief` when the cluster has one (a TFJob's Chief, a TrainJob's replica
+    0), else worker 0: MultiWorkerMirroredStrategy's own rule (multi_worker_util.is_chief)."""
     tf_config = cluster_spec() if tf_config is None else tf_config
     task = tf_config.get("task", {})
     if not task:
@@ -57,7 +58,7 @@ def strategy_kind(setting: str, num_gpus: int, tf_config: dict | None = None) ->
         if num_tasks(tf_config) < 2:
             raise ValueError(
                 "strategy=multi_worker needs TF_CONFIG naming two or more tasks; set num_workers "
-                "so that the runner starts the workers (locally or as a TFJob)"
+                "so that the runner starts the workers (locally or as a job on Kubeflow)"
             )
         return "multi_worker"
     if setting == "mirrored" or (setting == "auto" and num_gpus > 1):

@@ -193,8 +193,8 @@ def main(job_file: str, index: str) -> None:
 
 def run_executor(input_dict, output_dict, exec_properties: dict) -> None:
     """One worker's training: TFX's stock Trainer executor, with the run parameters already
-    folded in by TunableTrainerExecutor (also a TFJob replica's,
-    components/training/tfjob_replica.py)."""
+    folded in by TunableTrainerExecutor (also a cluster job replica's,
+    components/training/replica.py)."""
     from tfx.components.trainer import executor as trainer_executor
 
     if os.environ.get("TF_CONFIG"):

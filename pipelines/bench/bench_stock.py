@@ -13,7 +13,7 @@ fingerprints them and skips the run when nothing is new) and stock CsvExampleGen
 folder, not spans through Beam's file systems with upload checks (SpanExampleGen); a stock
 ExampleValidator only records anomalies (ours stops the run, and checks drift against the
 previous span) and does not gate Transform; the stock Trainer has run parameters frozen in,
-trains in one process (no local workers or TFJob) and keeps its backup in its model_run folder
+trains in one process (no local workers or cluster job) and keeps its backup in its model_run folder
 (ours: keyed by content under the pipeline root); the baseline is the latest blessed model in ML
 Metadata (ours: the served version) and the Evaluator has no quality-slide check; the stock
 Pusher writes a timestamped folder (ours: a numbered version, TF Serving's model config, the
@@ -40,7 +40,7 @@ from components.steps.evaluation import eval_config  # noqa: E402
 from pipelines.pipeline import RUN_FN, trainer_config  # noqa: E402
 
 # Read only by our TunableTrainer's executor (the backup's place and age), never by run_fn.
-_EXECUTOR_ONLY_KEYS = ("checkpoint_root", "checkpoint_max_age_hours", "tfjob")
+_EXECUTOR_ONLY_KEYS = ("checkpoint_root", "checkpoint_max_age_hours", "cluster_job")
 
 
 def stock_trainer_config(config: PipelineConfig) -> dict[str, Any]:

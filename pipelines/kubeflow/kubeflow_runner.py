@@ -12,8 +12,8 @@ reason the backend's code gives (kubeflow/README.md lists them):
 - every step runs `pipelines.kubeflow.kfp_entrypoint` (TFX's entry point on the launcher's local
   copies of the artifacts, see there), in the CPU image with CPU and memory limits; the Trainer
   runs in the GPU image and requests `nvidia.com/gpu`, except with num_workers > 1: then its step
-  is a light CPU pod that trains as a TFJob (components/training/tfjob.py) whose replicas get all
-  of that;
+  is a light CPU pod that trains as a TrainJob or TFJob (components/training/cluster_job.py)
+  whose replicas get all of that;
 - a second YAML document, the Kubernetes platform spec, gives every step the object-store
   credentials from a Secret and the Trainer a GPU node selector and toleration.
 """

@@ -1,11 +1,13 @@
-"""Entry point of a TFJob replica (components/training/tfjob.py): python -m
-components.training.tfjob_replica JOB_URI
+"""Entry point of a multi-worker Trainer's replica (components/training/cluster_job.py): python -m
+components.training.replica JOB_URI
 
-The Training Operator starts one per replica with TF_CONFIG set. The replica downloads the
-Trainer's inputs from the object store (boto3 through components.base.storage: TensorFlow's `s3://`
-client is not reliable against S3-compatible stores) into local scratch space, runs the same
-executor and run_fn as every other Trainer, and, on the chief only, uploads the model and
-model_run to the staging URIs the job names; the other replicas' copies are discarded.
+A TFJob's replicas get TF_CONFIG from the Training Operator; a TrainJob's build it from
+TFX_REPLICA_HOSTS and JOB_COMPLETION_INDEX (components/training/trainjob.py). The replica
+downloads the Trainer's inputs from the object store (boto3 through components.base.storage:
+TensorFlow's `s3://` client is not reliable against S3-compatible stores) into local scratch
+space, runs the same executor and run_fn as every other Trainer, and, on the chief only, uploads
+the model and model_run to the staging URIs the job names; the other replicas' copies are
+discarded.
 """
 
 from __future__ import annotations
@@ -21,7 +23,27 @@ from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-_log = logging.getLogger("components.training.tfjob_replica")
+_log = logging.getLogger("components.training.replica")
+
+
+def tf_config(environ) -> str:
+    """TF_CONFIG as given (a TFJob's), or built for a TrainJob's replica: index 0 is the chief,
+    index i > 0 worker i - 1 (the roles a TFJob's Chief and Workers have)."""
+    from components.training.trainjob import HOSTS_ENV
+
+    if environ.get("TF_CONFIG"):
+        return environ["TF_CONFIG"]
+    if not (environ.get(HOSTS_ENV) and environ.get("JOB_COMPLETION_INDEX")):
+        raise SystemExit(f"A replica needs TF_CONFIG, or {HOSTS_ENV} and JOB_COMPLETION_INDEX "
+                         "(a TrainJob's Indexed Job sets the index): neither is set")  # fmt: skip
+    hosts = environ[HOSTS_ENV].split(",")
+    index = int(environ["JOB_COMPLETION_INDEX"])
+    if not 0 <= index < len(hosts):
+        raise SystemExit(f"JOB_COMPLETION_INDEX {index} is not one of the {len(hosts)} replicas "
+                         f"in {HOSTS_ENV}")  # fmt: skip
+    cluster = {"chief": hosts[:1], **({"worker": hosts[1:]} if len(hosts) > 1 else {})}
+    task = {"type": "chief", "index": 0} if index == 0 else {"type": "worker", "index": index - 1}
+    return json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})
 
 
 def main(job_uri: str) -> None:
@@ -32,10 +54,11 @@ def main(job_uri: str) -> None:
     from components.base import storage
     from components.training.local_workers import run_executor
 
+    os.environ["TF_CONFIG"] = tf_config(os.environ)
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     is_chief = task["type"] == "chief"
     job = json.loads(storage.read_bytes(job_uri))
-    work = Path(tempfile.mkdtemp(prefix="tfjob-replica-"))
+    work = Path(tempfile.mkdtemp(prefix="replica-"))
     try:
         started = time.monotonic()
         inputs = artifact_utils.parse_artifact_dict(job["inputs"])

@@ -1,0 +1,448 @@
+"""The Kubernetes API server and kubelet half of the Kubernetes stand-in (kube_stand_in.py adds
+the controllers). No API server can run here; what this plays, each rule from the source it
+follows (kubernetes v1.29 unless named), and where it cannot play a rule it refuses:
+
+- custom resources served only when their CRD is installed; any other group/version/plural is a
+  404 "the server could not find the requested resource" (as for a CRD not installed);
+- create: a namespace in the body other than the URL's is a 400 (apiserver
+  pkg/registry/rest/create.go EnsureObjectNamespaceMatchesRequestNamespace); unknown fields
+  follow `fieldValidation` (pkg/endpoints/handlers/rest.go fieldValidation: absent means Warn):
+  Strict refuses them with a 400 "strict decoding error: unknown field", Warn drops them and
+  answers with a `Warning: 299` header per field, Ignore drops them silently (the structural
+  schema's pruning, apiextensions-apiserver pkg/apiserver/schema/pruning); then the CRD's
+  OpenAPI schema (422 Invalid) and CEL rules, after its defaults (kube_schema.py); the
+  admission webhook the controller registers (a denial is a 403, controller-runtime's Denied);
+  an existing name is a 409 AlreadyExists (k8s.io/apimachinery pkg/api/errors
+  NewAlreadyExists);
+- pods: Pending until scheduled (`schedule_seconds`), then on a node that fits or never: the
+  scheduler's reasons as `0/N nodes are available: ...` (kube-scheduler framework/types.go
+  FitError; noderesources/fit.go "Insufficient <resource>"; nodeaffinity "node(s) didn't match
+  Pod's node affinity/selector"; tainttoleration "node(s) had untolerated taint {key: value}");
+  a scheduled pod whose Secret or key is missing waits in CreateContainerConfigError
+  (kubelet kuberuntime_container.go / kubelet_pods.go makeEnvironmentVariables: `secret "<name>"
+  not found`, `couldn't find key <key> in Secret <ns>/<name>`) until it appears; a started pod's
+  container is a real process with the env the kubelet gives it, nothing of the test's own; a
+  log of a pod not started yet is a 400 (`container "<c>" in pod "<p>" is waiting to start`);
+  a pod's DNS name under a headless Service's subdomain, in its env, is answered on loopback
+  (`_resolve`).
+Not played: owner-reference garbage collection, resourceVersion and updates (nothing here
+updates an object), watches, RBAC (the requests are recorded for the test to compare with the
+Role the product ships; a namespace other than the kubeconfig's is a 403). Nodes and pods are in
+kube_pods.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import yaml
+
+from components.base.processes import die_with_parent
+from components.training import local_workers
+from tests.stand_ins.kube_pods import Node, Pod, default_nodes, now_text, quantity
+from tests.stand_ins.kube_schema import Resource, defaulted, drop, unknown_fields
+
+REPO = Path(__file__).parents[2]
+ENV_NOT_PASSED = ("AWS_", "KFP_", "PIPELINE_", "KUBECONFIG", "TF_CONFIG")  # the test's, not a pod's
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+class KubeApi:
+    """Serves the API on loopback; `kubeconfig` is the file to point KUBECONFIG at."""
+
+    def __init__(self, work: Path, namespace: str, secrets: dict[str, dict[str, str]],
+                 nodes: list[Node] | None = None, schedule_seconds: float = 0.5):  # fmt: skip
+        self.work, self.namespace, self.secrets = work, namespace, secrets
+        self.nodes = default_nodes() if nodes is None else nodes
+        self.schedule_seconds = schedule_seconds
+        self.resources: list[Resource] = []
+        self.objects: dict[tuple[str, str], dict] = {}  # (plural, name) -> object
+        self.pods: dict[str, Pod] = {}
+        self.loopback_ports: dict[tuple[str, str], int] = {}  # (pod, port) -> loopback port
+        self.created: list[dict] = []  # every object admitted, as stored
+        self.deleted: list[str] = []
+        self.warnings: list[str] = []  # every Warning header sent
+        self.requests: set[tuple[str, str, str]] = set()  # (API group, resource, RBAC verb)
+        self.lock = threading.RLock()
+        # Processes die with the thread that started them (PR_SET_PDEATHSIG follows the thread),
+        # so one thread that lives as long as the stand-in schedules and starts every pod.
+        self._closed = threading.Event()
+        threading.Thread(target=self._kubelet, daemon=True).start()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.kubeconfig = work / "kubeconfig"
+        self.kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+            "clusters": [{"name": "stand-in", "cluster": {
+                "server": f"http://127.0.0.1:{self.server.server_address[1]}"}}],
+            "users": [{"name": "pipeline-runner", "user": {"token": "stand-in"}}],
+            "contexts": [{"name": "stand-in", "context": {
+                "cluster": "stand-in", "user": "pipeline-runner", "namespace": namespace}}],
+        }))  # fmt: skip
+
+    def serve(self, resource: Resource) -> Resource:
+        self.resources.append(resource)
+        return resource
+
+    def close(self) -> None:
+        self._closed.set()
+        self.server.shutdown()
+        with self.lock:
+            for pod in self.pods.values():
+                pod.stop(grace_seconds=0)
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def resource(self, group: str, version: str, plural: str) -> Resource | None:
+        for resource in self.resources:
+            if (resource.group, resource.version, resource.plural) == (group, version, plural):
+                return resource
+        return None
+
+    def create(self, resource: Resource, body: dict, namespace: str | None,
+               validation: str = "") -> list[str]:  # fmt: skip
+        """Admits `body` as the API server would; returns the warnings; raises ApiError."""
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body is not a JSON object")
+        meta = body.setdefault("metadata", {})
+        if resource.namespaced:
+            if meta.get("namespace", namespace) != namespace:
+                raise ApiError(400, "BadRequest", "the namespace of the provided object does "
+                               "not match the namespace sent on the request")  # fmt: skip
+            meta["namespace"] = namespace
+        validation = validation or "Warn"
+        if validation not in ("Strict", "Warn", "Ignore"):
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"fieldValidation: Unsupported value: "
+                f'"{validation}": supported values: "Ignore", "Strict", "Warn"',
+            )
+        unknown = unknown_fields(body, resource.schema)
+        kind = resource.kind
+        if unknown and validation == "Strict":
+            fields = ", ".join(f'unknown field "{p[1:]}"' for p in unknown)
+            raise ApiError(400, "BadRequest", f'{kind} in version "{resource.version}" cannot be '
+                           f"handled as a {kind}: strict decoding error: {fields}")  # fmt: skip
+        warnings = [f'unknown field "{p[1:]}"' for p in unknown] if validation == "Warn" else []
+        body = defaulted(drop(body, unknown), resource.schema)
+        meta = body["metadata"]
+        name = meta.get("name", "")
+        errors = resource.check(body)
+        if errors:
+            raise ApiError(422, "Invalid", f'{kind}.{resource.group} "{name}" is invalid: '
+                           + "; ".join(errors))  # fmt: skip
+        # A webhook's errors come back as a denial (controller-runtime pkg/webhook/admission
+        # validator.go: an error that is not an API status is Denied, 403), aggregated as
+        # k8s.io/apimachinery's utilerrors.Aggregate writes them.
+        denied = resource.admit(body)
+        if denied:
+            text = denied[0] if len(denied) == 1 else "[" + ", ".join(denied) + "]"
+            raise ApiError(403, "Forbidden", f'admission webhook "{resource.webhook}" denied '
+                           f"the request: {text}")  # fmt: skip
+        with self.lock:
+            if (resource.plural, name) in self.objects:
+                raise ApiError(
+                    409,
+                    "AlreadyExists",
+                    f'{resource.plural}.{resource.group} "{name}" already exists',
+                )
+            meta.update(creationTimestamp=now_text(), uid=f"uid-{len(self.created)}")
+            self.objects[resource.plural, name] = body
+            self.created.append(json.loads(json.dumps(body)))
+        resource.on_create(body)
+        self.warnings += warnings
+        return warnings
+
+    def add_pod(self, manifest: dict, env: dict[str, str]) -> Pod:
+        name = manifest["metadata"]["name"]
+        pod = Pod(self, manifest, env, self.work / f"{name}.log")
+        with self.lock:
+            self.pods[name] = pod
+        return pod
+
+    def delete_pod(self, name: str) -> None:
+        with self.lock:
+            pod = self.pods.pop(name, None)
+        if pod:
+            pod.stop()
+
+    # -- the scheduler and the kubelet -----------------------------------------------------
+
+    def _kubelet(self) -> None:
+        while not self._closed.is_set():
+            with self.lock:
+                pending = [p for p in self.pods.values() if p.process is None and not p.deleted]
+            for pod in pending:
+                try:
+                    self._advance(pod)
+                except Exception as error:  # a stand-in bug must not hang the test silently
+                    pod.waiting = ("StandInError", repr(error))
+            time.sleep(0.05)
+
+    def _advance(self, pod: Pod) -> None:
+        if time.monotonic() - pod.created < self.schedule_seconds:
+            return
+        if pod.node is None:
+            pod.node, pod.unschedulable = self._schedule(pod)
+            if pod.node is None:
+                return
+        env, missing = self._environment(pod)
+        if missing:
+            pod.waiting = ("CreateContainerConfigError", missing)
+            return
+        pod.waiting = None
+        command = [sys.executable if c == "python" else c for c in pod.container["command"]]
+        command += pod.container.get("args", [])
+        pod.process = subprocess.Popen(
+            command, env=env, cwd=REPO, stdout=open(pod.log_path, "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+        )  # fmt: skip
+
+    def _schedule(self, pod: Pod) -> tuple[Node | None, str | None]:
+        """The first node that fits, or kube-scheduler's FitError message."""
+        reasons: dict[str, int] = {}
+        asked = pod.requests()
+        selector = pod.spec.get("nodeSelector", {})
+        tolerated = {t.get("key") for t in pod.spec.get("tolerations", [])
+                     if t.get("operator") == "Exists"}  # fmt: skip
+        with self.lock:
+            placed = [
+                p for p in self.pods.values() if p.node and p.phase() in ("Pending", "Running")
+            ]
+        for node in self.nodes:
+            why = []
+            if any(node.labels.get(k) != v for k, v in selector.items()):
+                why.append("node(s) didn't match Pod's node affinity/selector")
+            taints = [
+                t for t in node.taints if t["effect"] == "NoSchedule" and t["key"] not in tolerated
+            ]
+            if taints and not why:
+                t = taints[0]
+                why.append(f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}")
+            for resource, amount in asked.items():
+                used = sum(p.requests().get(resource, 0) for p in placed if p.node is node)
+                if amount + used > quantity(node.capacity.get(resource, "0")) and not why:
+                    why.append(f"Insufficient {resource}")
+            if not why:
+                return node, None
+            for reason in why:
+                reasons[reason] = reasons.get(reason, 0) + 1
+        listed = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+        return None, f"0/{len(self.nodes)} nodes are available: {listed}."
+
+    def _environment(self, pod: Pod) -> tuple[dict[str, str], str]:
+        import os
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_NOT_PASSED)}
+        for variable in pod.container.get("env", []):
+            if "value" in variable:
+                env[variable["name"]] = variable["value"]
+            elif "secretKeyRef" in variable.get("valueFrom", {}):
+                ref = variable["valueFrom"]["secretKeyRef"]
+                secret = self.secrets.get(ref["name"])
+                if secret is None:
+                    return {}, f'secret "{ref["name"]}" not found'
+                if ref["key"] not in secret:
+                    return (
+                        {},
+                        f"couldn't find key {ref['key']} in Secret {self.namespace}/{ref['name']}",
+                    )
+                env[variable["name"]] = secret[ref["key"]]
+            elif "fieldRef" in variable.get("valueFrom", {}):
+                env[variable["name"]] = self._field(
+                    pod, variable["valueFrom"]["fieldRef"]["fieldPath"]
+                )
+            else:
+                raise ValueError(f"the stand-in cannot play env {variable}")
+        env.update(pod.extra_env)
+        return {k: self._resolve(v) for k, v in env.items()}, ""
+
+    def _resolve(self, value: str) -> str:
+        """The cluster's DNS and network, on loopback: `<hostname>.<subdomain>[.<namespace>.svc
+        [.cluster.local]]:<port>` of a pod here (a headless Service's record) becomes
+        127.0.0.1 with a port of its own, one per pod and port, the same in every pod's env;
+        any other name is left as it is (and resolves nowhere)."""
+
+        def address(match: re.Match) -> str:
+            pod = self._by_dns_name(match[1])
+            if pod is None:
+                return match[0]
+            with self.lock:
+                key = (pod.name, match[2])
+                if key not in self.loopback_ports:
+                    self.loopback_ports[key] = local_workers.free_ports(1)[0]
+                return f"127.0.0.1:{self.loopback_ports[key]}"
+
+        return re.sub(r"\b([a-z0-9][-a-z0-9.]*[a-z0-9]):(\d+)\b", address, value)
+
+    def _by_dns_name(self, name: str) -> Pod | None:
+        with self.lock:
+            for pod in self.pods.values():
+                host, sub = pod.spec.get("hostname"), pod.spec.get("subdomain")
+                if (
+                    host
+                    and sub
+                    and name
+                    in (
+                        f"{host}.{sub}",
+                        f"{host}.{sub}.{self.namespace}.svc",
+                        f"{host}.{sub}.{self.namespace}.svc.cluster.local",
+                    )
+                ):
+                    return pod
+        return None
+
+    def _field(self, pod: Pod, path: str) -> str:
+        """The downward API (kubelet pkg/fieldpath): the fields the stand-in knows, else refuse."""
+        meta = pod.manifest["metadata"]
+        if path == "metadata.name":
+            return pod.name
+        if path == "metadata.namespace":
+            return self.namespace
+        if match := re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path):
+            return meta.get(match[1], {}).get(match[2], "")
+        raise ValueError(f"the stand-in cannot play the downward API field {path!r}")
+
+    # -- for tests -------------------------------------------------------------------------
+
+    def objects_of(self, plural: str) -> list[dict]:
+        with self.lock:
+            return [o for (p, _), o in self.objects.items() if p == plural]
+
+    def pod(self, name: str) -> Pod | None:
+        with self.lock:
+            return self.pods.get(name)
+
+
+def _handler(api: KubeApi):
+    objects_path = re.compile(
+        r"^/apis/([^/]+)/([^/]+)/(?:namespaces/([^/]+)/)?([^/]+)(?:/([^/]+))?$"
+    )
+    pods_path = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)/log)?$")
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _reply(self, code: int, body, content_type="application/json", warnings=()):
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            for warning in warnings:
+                self.send_header("Warning", f'299 - "{warning}"')
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, error: ApiError):
+            self._reply(error.code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                     "message": error.message, "reason": error.reason,
+                                     "code": error.code})  # fmt: skip
+
+        def _route(self, method: str):
+            url = urlparse(self.path)
+            query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            try:
+                if match := objects_path.match(url.path):
+                    return self._objects(method, *match.groups(), body, query)
+                if (match := pods_path.match(url.path)) and method == "GET":
+                    return self._pods(*match.groups(), query)
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            except ApiError as error:
+                return self._error(error)
+            except Exception as error:  # a stand-in bug: say so rather than drop the connection
+                return self._error(ApiError(500, "InternalError", f"stand-in error: {error!r}"))
+
+        def _objects(self, method, group, version, namespace, plural, name, body, query):
+            resource = api.resource(group, version, plural)
+            verb = {"POST": "create", "DELETE": "delete"}.get(method, "get")
+            verb = "list" if verb == "get" and name is None else verb
+            api.requests.add((group, plural, verb))
+            if resource is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            if resource.namespaced and namespace != api.namespace:
+                raise ApiError(403, "Forbidden", f'{plural}.{group} is forbidden: User '
+                               f'"pipeline-runner" cannot {verb} resource "{plural}" in API '
+                               f'group "{group}" in the namespace "{namespace}"')  # fmt: skip
+            if method == "POST" and name is None:
+                warnings = api.create(resource, body, namespace, query.get("fieldValidation", ""))
+                with api.lock:
+                    stored = api.objects[resource.plural, body["metadata"]["name"]]
+                return self._reply(201, stored, warnings=warnings)
+            if method == "GET" and name is None:
+                key, _, value = query.get("labelSelector", "").partition("=")
+                with api.lock:
+                    items = [
+                        resource.on_get(o)
+                        for (p, _), o in list(api.objects.items())
+                        if p == plural
+                        and (not key or o["metadata"].get("labels", {}).get(key) == value)
+                    ]
+                return self._reply(200, {"kind": f"{resource.kind}List", "items": items})
+            with api.lock:
+                found = api.objects.get((plural, name))
+            if found is None:
+                raise ApiError(404, "NotFound", f'{plural}.{group} "{name}" not found')
+            if method == "GET":
+                with api.lock:
+                    return self._reply(200, resource.on_get(found))
+            if method == "DELETE":
+                with api.lock:
+                    api.objects.pop((plural, name))
+                    api.deleted.append(name)
+                resource.on_delete(found)
+                return self._reply(200, {"kind": "Status", "status": "Success"})
+            raise ApiError(405, "MethodNotAllowed", method)
+
+        def _pods(self, namespace: str, pod: str | None, query: dict):
+            log = pod is not None
+            api.requests.add(("", "pods/log" if log else "pods", "get" if log else "list"))
+            if namespace != api.namespace:
+                raise ApiError(
+                    403, "Forbidden", f'pods is forbidden in the namespace "{namespace}"'
+                )
+            if pod is None:
+                key, _, value = query.get("labelSelector", "").partition("=")
+                with api.lock:
+                    items = [p.as_json() for p in api.pods.values()
+                             if not p.deleted and p.labels.get(key) == value]  # fmt: skip
+                return self._reply(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+            found = api.pod(pod)
+            if found is None:
+                raise ApiError(404, "NotFound", f'pods "{pod}" not found')
+            if found.process is None:
+                raise ApiError(400, "BadRequest", f'container "{found.container["name"]}" in pod '
+                               f'"{pod}" is waiting to start: ContainerCreating')  # fmt: skip
+            lines = found.log_path.read_text(errors="replace").splitlines()
+            tail = int(query.get("tailLines", len(lines)))
+            return self._reply(200, "\n".join(lines[-tail:]) + "\n", "text/plain")
+
+        def do_GET(self):
+            self._route("GET")
+
+        def do_POST(self):
+            self._route("POST")
+
+        def do_DELETE(self):
+            self._route("DELETE")
+
+    return Handler

@@ -1,0 +1,128 @@
+"""Nodes and pods of the Kubernetes stand-in (kube_api.py): resource quantities, the nodes the
+scheduler places pods on, and a pod that is a real process once placed."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from components.base.processes import stop_process
+
+if TYPE_CHECKING:
+    from tests.stand_ins.kube_api import KubeApi
+
+
+def now_text() -> str:
+    """A Kubernetes timestamp (RFC 3339, whole seconds, UTC)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def quantity(text: str | int | float) -> float:
+    """A Kubernetes quantity (`4`, `500m`, `16G`, `8Gi`) as a number."""
+    units = {"m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+    match = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(text))
+    if not match or (match[2] and match[2] not in units):
+        raise ValueError(f"not a quantity: {text!r}")
+    return float(match[1]) * units.get(match[2], 1)
+
+
+@dataclass
+class Node:
+    name: str
+    capacity: dict[str, str]
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict] = field(default_factory=list)  # {key, value?, effect}
+
+
+def default_nodes(gpus: int = 8) -> list[Node]:
+    """A CPU node and a GPU node as the GPU operator labels and taints them."""
+    return [
+        Node("cpu-node", {"cpu": "32", "memory": "128Gi"}),
+        Node("gpu-node", {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": str(gpus)},
+             {"nvidia.com/gpu.present": "true"},
+             [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+    ]  # fmt: skip
+
+
+class Pod:
+    """A pod a controller made: Pending until the scheduler places it and the kubelet can build
+    its container's env, then a real process."""
+
+    def __init__(self, api: KubeApi, manifest: dict, env: dict[str, str], log: Path):
+        self.api, self.manifest, self.extra_env, self.log_path = api, manifest, env, log
+        self.name = manifest["metadata"]["name"]
+        self.labels = manifest["metadata"].get("labels", {})
+        self.spec = manifest["spec"]
+        (self.container,) = self.spec["containers"]
+        self.created = time.monotonic()
+        self.node: Node | None = None
+        self.unschedulable: str | None = None
+        self.waiting: tuple[str, str] | None = None  # (reason, message)
+        self.process: subprocess.Popen | None = None
+        self.finished_at: str | None = None
+        self.deleted = False
+
+    def requests(self) -> dict[str, float]:
+        resources = self.container.get("resources", {})
+        asked = resources.get("requests") or resources.get("limits") or {}
+        return {k: quantity(v) for k, v in asked.items()}
+
+    def exit_code(self) -> int | None:
+        if self.process is None:
+            return None
+        code = self.process.poll()
+        if code is not None and self.finished_at is None:
+            self.finished_at = now_text()
+        return code if code is None or code >= 0 else 128 - code  # a signal, as the kubelet says
+
+    def phase(self) -> str:
+        if self.process is None:
+            return "Pending"
+        code = self.exit_code()
+        return "Running" if code is None else "Succeeded" if code == 0 else "Failed"
+
+    def as_json(self) -> dict:
+        conditions, state = [], {"waiting": {"reason": "ContainerCreating"}}
+        if self.unschedulable:
+            conditions.append(
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": self.unschedulable,
+                }
+            )
+        elif self.node:
+            conditions.append({"type": "PodScheduled", "status": "True"})
+        if self.waiting:
+            state = {"waiting": {"reason": self.waiting[0], "message": self.waiting[1]}}
+        if self.process is not None:
+            code = self.exit_code()
+            state = {"running": {}} if code is None else {"terminated": {
+                "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                "finishedAt": self.finished_at,
+            }}  # fmt: skip
+        metadata = dict(self.manifest["metadata"], namespace=self.api.namespace)
+        return {
+            "apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+            "spec": dict(self.spec, nodeName=self.node.name) if self.node else self.spec,
+            "status": {
+                "phase": self.phase(), "conditions": conditions,
+                "containerStatuses": [{
+                    "name": self.container["name"], "image": self.container.get("image", ""),
+                    "imageID": "", "ready": self.phase() == "Running", "restartCount": 0,
+                    "state": state,
+                }],
+            },
+        }  # fmt: skip
+
+    def stop(self, grace_seconds: float = 10) -> None:
+        self.deleted = True
+        if self.process is not None:
+            stop_process(self.process, grace_seconds)

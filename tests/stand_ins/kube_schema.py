@@ -1,0 +1,175 @@
+"""Custom resources as the Kubernetes API server reads their CRDs (for kube_api.py): the
+structural schema's unknown fields (pruning, apiextensions-apiserver
+pkg/apiserver/schema/pruning), defaults (pkg/apiserver/schema/defaulting), OpenAPI validation,
+and CEL rules (`x-kubernetes-validations`), each played in Python where the stand-in knows the
+rule's text and refused where it does not."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+# ObjectMeta's fields (k8s.io/apimachinery pkg/apis/meta/v1/types.go): a CRD's schema says only
+# `metadata: {type: object}`, the API server knows the rest.
+OBJECT_META = {
+    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+    "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels",
+    "annotations", "ownerReferences", "finalizers", "managedFields",
+}  # fmt: skip
+
+
+@functools.cache
+def crd_schema(path: Path, version: str) -> tuple[dict, dict]:
+    """(the CRD's names and scope, the version's openAPIV3Schema); a `.gz` file is read as
+    it is."""
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    crd = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    names = dict(crd["spec"]["names"], group=crd["spec"]["group"], scope=crd["spec"]["scope"])
+    return names, served["schema"]["openAPIV3Schema"]
+
+
+def unknown_fields(value, schema: dict, path: str = "") -> list[str]:
+    """The paths of the fields a structural schema does not know (what pruning drops)."""
+    if not isinstance(schema, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    found = []
+    if isinstance(value, dict):
+        properties = schema.get("properties")
+        for key, item in value.items():
+            here = f"{path}.{key}"
+            if path == "" and key in ("apiVersion", "kind"):
+                continue
+            if path == "" and key == "metadata":
+                found += [f".metadata.{k}" for k in item if k not in OBJECT_META]
+            elif properties is not None and key in properties:
+                found += unknown_fields(item, properties[key], here)
+            elif isinstance(schema.get("additionalProperties"), dict):
+                found += unknown_fields(item, schema["additionalProperties"], here)
+            elif properties is not None or schema.get("type") == "object":
+                found.append(here)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            found += unknown_fields(item, schema["items"], f"{path}[{index}]")
+    return found
+
+
+def defaulted(value, schema: dict):
+    """`value` with the schema's defaults filled in where a present object lacks a field
+    (apiextensions-apiserver pkg/apiserver/schema/defaulting: after pruning, before
+    validation)."""
+    if isinstance(value, dict) and isinstance(schema, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key not in value and "default" in sub:
+                value[key] = json.loads(json.dumps(sub["default"]))
+            if key in value:
+                defaulted(value[key], sub)
+        if isinstance(schema.get("additionalProperties"), dict):
+            for item in value.values():
+                defaulted(item, schema["additionalProperties"])
+    elif (
+        isinstance(value, list)
+        and isinstance(schema, dict)
+        and isinstance(schema.get("items"), dict)
+    ):
+        for item in value:
+            defaulted(item, schema["items"])
+    return value
+
+
+def drop(body: dict, paths: list[str]) -> dict:
+    """The body without the fields at `paths` (`.a.b[2].c`)."""
+    body = json.loads(json.dumps(body))
+    for path in paths:
+        steps = re.findall(r"\.([^.\[]+)|\[(\d+)\]", path)
+        node = body
+        for key, index in steps[:-1]:
+            node = node[int(index)] if index else node[key]
+        key, index = steps[-1]
+        del node[int(index) if index else key]
+    return body
+
+
+def cel_rules(schema, path: str = "") -> list[tuple[str, str, dict]]:
+    """Every x-kubernetes-validations rule in a schema: (schema path, rule, the rule's entry)."""
+    found = []
+    if isinstance(schema, dict):
+        for rule in schema.get("x-kubernetes-validations", []):
+            found.append((path, rule["rule"], rule))
+        for key, sub in (schema.get("properties") or {}).items():
+            found += cel_rules(sub, f"{path}.{key}")
+        if isinstance(schema.get("items"), dict):
+            found += cel_rules(schema["items"], f"{path}[*]")
+        if isinstance(schema.get("additionalProperties"), dict):
+            found += cel_rules(schema["additionalProperties"], f"{path}.*")
+    return found
+
+
+def values_at(body, path: str) -> list:
+    """The values at a schema path (`.spec.x[*].y`), those present."""
+    values = [body]
+    for key, star in re.findall(r"\.([^.\[]+)|(\[\*\])", path):
+        nxt = []
+        for value in values:
+            if star and isinstance(value, list):
+                nxt += value
+            elif key == "*" and isinstance(value, dict):
+                nxt += list(value.values())
+            elif key and isinstance(value, dict) and key in value:
+                nxt.append(value[key])
+        values = nxt
+    return values
+
+
+@dataclass
+class Resource:
+    """A served kind: its CRD's schema, the CEL rules the stand-in can play (rule text ->
+    function of the value at the rule's path returning True when valid), the admission
+    webhook's checks, and the controller's hooks."""
+
+    crd: Path
+    version: str
+    webhook: str = ""  # the validating webhook's name, for its denials
+    cel: dict[str, Callable] = field(default_factory=dict)
+    admit: Callable[[dict], list[str]] = lambda body: []
+    on_create: Callable[[dict], None] = lambda body: None
+    on_get: Callable[[dict], dict] = lambda body: body
+    on_delete: Callable[[dict], None] = lambda body: None
+
+    def __post_init__(self):
+        self.names, self.schema = crd_schema(self.crd, self.version)
+        self.group, self.plural, self.kind = (
+            self.names["group"], self.names["plural"], self.names["kind"]
+        )  # fmt: skip
+        self.namespaced = self.names["scope"] == "Namespaced"
+        self.rules = cel_rules(self.schema)
+
+    def check(self, body: dict) -> list[str]:
+        """Schema and CEL errors, as the API server reports an Invalid object."""
+        errors = [
+            f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+            for e in jsonschema.Draft7Validator(self.schema).iter_errors(body)
+        ]
+        for path, rule, entry in self.rules:
+            if "oldSelf" in rule:  # a transition rule: evaluated on update only, never served
+                continue
+            for value in values_at(body, path):
+                play = self.cel.get(rule)
+                if play is None:
+                    errors.append(
+                        f"{path}: the stand-in cannot play the CEL rule {rule!r}, so "
+                        "it refuses the object rather than accept it unchecked"
+                    )
+                elif not play(value):
+                    errors.append(
+                        f"{path or '<root>'}: Invalid value: {entry.get('message', rule)}"
+                    )
+        return errors
