@@ -199,6 +199,13 @@ def _api(what: str) -> Iterator[None]:
         yield
     except kfp_server_api.ApiException as error:
         raise KubeflowError(f"{what}: HTTP {error.status} {error.reason}: {error.body}") from None
+    except ValueError as error:  # kfp.Client's own, when a name it looks up is not unique
+        if not str(error).startswith("Multiple"):
+            raise
+        raise KubeflowError(
+            f"{what}: {error} (KFP 2.16+ lets pipelines share a display name): rename or delete "
+            "the others in the KFP UI, or compile with another pipeline_name"
+        ) from None
 
 
 def _token() -> str | None:

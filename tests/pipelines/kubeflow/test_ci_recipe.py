@@ -282,7 +282,10 @@ def test_the_deploy_job_compiles_with_the_commit_tags_submits_and_moves_the_sche
     assert (job["display_name"], job["mode"]) == ("taxi-tips-nightly", "ENABLE")
     assert job["trigger"] == {"cron_schedule": {"cron": "0 0 2 * * *"}}
     assert set(api.authorization) == {"Bearer ci-token"}
-    assert {body["namespace"] for body in api.bodies("POST", f"{API}/experiments")} == {"team-a"}
+    # The experiment the earlier merge made is found in the profile namespace and reused.
+    assert [e["namespace"] for e in api.experiments.values()] == ["team-a"]
+    looked_up = [q for m, p, q, _ in api.requests if (m, p) == ("GET", f"{API}/experiments")]
+    assert looked_up and all(q["namespace"] == "team-a" for q in looked_up)
     assert not any("ci-token" in step.get("output", "") for step in steps)
 
 

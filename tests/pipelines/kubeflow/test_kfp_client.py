@@ -2,17 +2,19 @@
 submit/schedule/pause.
 
 The KFP API server cannot run here (no Kubernetes): tests/stand_ins/kfp_api_stand_in.py stands in
-for it.
-These tests check what our code sends (and that nothing is sent when a local check fails), not
-KFP's behaviour.
+for it, with the server's own rules (kfp_api_rules.py) for KFP 2.5.0, 2.16.1 and 2.17.0. These
+tests check what our code sends (and that nothing is sent when a local check fails), and show
+each rule the stand-in plays refusing what the server would refuse.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
 import kfp
+import kfp_server_api
 import pytest
 
 from components.base.errors import ActionableError
@@ -164,9 +166,11 @@ def test_submit_uploads_once_and_starts_a_run_with_typed_parameters(
         "min_auc": 0.8,
         "beam_args": '["--direct_num_workers=2"]',
     }
+    ((pipeline_id, pipeline),) = api.pipelines.items()
+    assert pipeline["display_name"] == "taxi-tips"  # named as compiled
     assert run["pipeline_version_reference"] == {
-        "pipeline_id": "taxi-tips",
-        "pipeline_version_id": "v0",
+        "pipeline_id": pipeline_id,
+        "pipeline_version_id": pipeline["versions"][0]["pipeline_version_id"],
     }
     assert run["experiment_id"] == "exp-1"
     assert run["display_name"].startswith("taxi-tips ")
@@ -194,7 +198,8 @@ def test_schedule_creates_a_single_concurrency_no_catchup_cron_job(
     assert job["mode"] == "ENABLE"
     assert job["display_name"] == "nightly"
     assert job["runtime_config"]["parameters"] == {"span": -1}
-    assert job["pipeline_version_reference"]["pipeline_id"] == "taxi-tips"
+    pipeline = api.pipelines[job["pipeline_version_reference"]["pipeline_id"]]
+    assert pipeline["display_name"] == "taxi-tips"
     assert api.requests[0][1] == f"{API}/healthz"
 
     with pytest.raises(KubeflowError, match="'nightly' already exists .*id job-1.*--replace"):
@@ -224,8 +229,10 @@ def test_schedule_replace_moves_the_recurring_run_without_two_ever_enabled(
     assert (job["recurring_run_id"], job["mode"], job["display_name"]) == ("job-2", "ENABLE",
                                                                            "nightly")  # fmt: skip
     assert job["trigger"] == {"cron_schedule": {"cron": "0 0 3 * * *"}}
-    version = job["pipeline_version_reference"]["pipeline_version_id"]
-    assert version.startswith("taxi-tips-") and version != "v0"  # the new upload, not the first
+    reference = job["pipeline_version_reference"]
+    (version,) = [v for v in api.pipelines[reference["pipeline_id"]]["versions"]
+                  if v["pipeline_version_id"] == reference["pipeline_version_id"]]  # fmt: skip
+    assert version["display_name"].startswith("taxi-tips-")  # the new upload, not the first
 
 
 def test_schedule_replace_that_fails_to_create_resumes_the_old_one(
@@ -263,7 +270,7 @@ def test_a_token_goes_with_every_request_and_a_refusal_says_what_to_set(
 
 
 def test_pause_and_resume(api: FakeKfpApi) -> None:
-    api.recurring_runs.append({"recurring_run_id": "job-1", "display_name": "n", "mode": "ENABLE"})
+    api.add_recurring_run("n")  # job-1
     kfp_client.pause(api.endpoint, "job-1")
     assert api.recurring_run("job-1")["mode"] == "DISABLE"
     kfp_client.resume(api.endpoint, "job-1")
@@ -332,10 +339,7 @@ def test_schedule_replace_keeps_a_paused_schedule_paused_and_its_parameters(
 def test_schedule_replace_drops_parameters_the_new_spec_no_longer_has(
     api: FakeKfpApi, package: str, tmp_path
 ) -> None:
-    api.recurring_runs.append({
-        "recurring_run_id": "job-0", "display_name": "nightly", "mode": "ENABLE",
-        "runtime_config": {"parameters": {"span": 3.0, "renamed_away": "x"}},
-    })  # fmt: skip
+    api.add_recurring_run("nightly", parameters={"span": 3.0, "renamed_away": "x"})
     said: list[str] = []
     kfp_client.schedule(api.endpoint, package, "0 2 * * *", {}, job_name="nightly",
                         replace=True, say=said.append)  # fmt: skip
@@ -343,3 +347,137 @@ def test_schedule_replace_drops_parameters_the_new_spec_no_longer_has(
     assert job["runtime_config"]["parameters"] == {"span": 3}  # 3.0 read back, an integer again
     assert said == [f"Not kept from recurring run 'nightly': ['renamed_away'] (not parameters of "
                     f"{package})"]  # fmt: skip
+
+
+# ------------------------------------------------------------ the API server's own rules, played
+
+
+VERSIONS = ["2.5.0", "2.16.1", "2.17.0"]
+
+
+@pytest.fixture(params=VERSIONS)
+def server(request, monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """The stand-in as the API server of each supported KFP version."""
+    monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
+    fake = FakeKfpApi(version=request.param)
+    yield fake
+    fake.close()
+
+
+def _sdk(server: FakeKfpApi) -> kfp.Client:
+    return kfp.Client(host=server.endpoint)
+
+
+def test_run_parameters_are_checked_as_validate_pipeline_job_inputs_does(server, package):
+    """The server refuses "3" for an integer: the product sends the spec's types."""
+    kfp_client.submit(server.endpoint, package, {"span": "3", "min_auc": "0.8"})
+    (run,) = server.runs
+    assert run["runtime_config"]["parameters"] == {"span": 3, "min_auc": 0.8}
+    client = _sdk(server)
+    reference = run["pipeline_version_reference"]
+    refused = {
+        "span": "input parameter span requires type double or integer, but the parameter value "
+                "is not of number value type",
+        "typo": "parameter(s) provided are not required by pipeline: typo",
+    }  # fmt: skip
+    for name, message in refused.items():
+        with pytest.raises(kfp_server_api.ApiException) as raised:
+            client.run_pipeline(run["experiment_id"], "raw", params={name: "3"},
+                                pipeline_id=reference["pipeline_id"],
+                                version_id=reference["pipeline_version_id"])  # fmt: skip
+        body = json.loads(raised.value.body)
+        assert raised.value.status == 400 and body["code"] == 3
+        assert body["message"] == ("Failed to create a new run: Failed to generate the "
+                                   f"ExecutionSpec: invalid pipeline job inputs: Invalid input "
+                                   f"error: {message}")  # fmt: skip
+        assert ("error" in body) == (server.version == "2.5.0")  # the gateway's shape
+    with pytest.raises(KubeflowError, match=r"unknown parameter\(s\) \['typo'\]"):
+        kfp_client.submit(server.endpoint, package, {"typo": "3"})  # refused before any upload
+    assert len(server.runs) == 1
+
+
+def test_a_pipeline_or_version_name_that_exists_is_refused_and_the_product_reuses_it(
+    server, package
+):
+    kfp_client.submit(server.endpoint, package, {})
+    kfp_client.submit(server.endpoint, package, {})  # the same package: nothing uploaded again
+    assert len(server.pipelines) == 1 and len(server.runs) == 2
+    ((pipeline_id, pipeline),) = server.pipelines.items()
+    client = _sdk(server)
+    with pytest.raises(kfp_server_api.ApiException) as raised:
+        client.upload_pipeline(package, "taxi-tips")
+    assert raised.value.status == 409
+    version = pipeline["versions"][-1]["display_name"]
+    with pytest.raises(kfp_server_api.ApiException) as raised:
+        client.upload_pipeline_version(package, version, pipeline_id=pipeline_id)
+    assert raised.value.status == 409
+    with pytest.raises(kfp_server_api.ApiException) as raised:
+        client.upload_pipeline_version(package, "v9", pipeline_id="no-such-pipeline")
+    assert raised.value.status == 400
+    # Two pipelines sharing a display name (2.16+ allows it): named, not a traceback.
+    server.pipelines["pipeline-99"] = dict(pipeline, versions=[])
+    with pytest.raises(KubeflowError, match="Multiple pipelines with the name: taxi-tips found"):
+        kfp_client.submit(server.endpoint, package, {})
+
+
+def test_an_invalid_spec_is_refused_at_upload(server, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SPEC.replace("name: taxi-tips", "name: Taxi_Tips"))
+    with pytest.raises(kfp_server_api.ApiException) as raised:
+        _sdk(server).upload_pipeline(str(bad), "bad")
+    assert raised.value.status == (400 if server.version == "2.17.0" else 500)
+    if server.version != "2.16.1":  # 2.16.1 keeps the reason in its log
+        assert "must contain only lowercase alphanumeric characters" in raised.value.body
+    bad.write_text(SPEC.replace("sdkVersion", "sdkVersoin"))  # an unknown field
+    with pytest.raises(kfp_server_api.ApiException):
+        _sdk(server).upload_pipeline(str(bad), "bad")
+    assert not server.pipelines
+
+
+def test_an_experiment_is_reused_by_name_and_a_duplicate_is_refused(server, package):
+    kfp_client.submit(server.endpoint, package, {})
+    kfp_client.submit(server.endpoint, package, {}, experiment="taxi-tips")
+    assert len(server.experiments) == 1 and len(server.bodies("POST", f"{API}/experiments")) == 1
+    with pytest.raises(kfp_server_api.ApiException) as raised:  # what a race would meet
+        _sdk(server)._experiment_api.create_experiment(
+            body=kfp_server_api.V2beta1Experiment(display_name="taxi-tips")
+        )
+    assert raised.value.status == 409
+    assert "The name taxi-tips already exists" in json.loads(raised.value.body)["message"]
+
+
+@pytest.mark.parametrize(
+    "cron",
+    ["0 2 * * *", "30 0 2 * * *", "*/15 9-17 * JAN-MAR,dec MON-FRI", "0 0 12 ? * sun",
+     "5/10 0-23/2 1,15 * ?", "0 0 * * 1-5", "59 23 31 12 6"],
+)  # fmt: skip
+def test_every_cron_the_product_accepts_is_one_robfig_cron_parses(cron: str) -> None:
+    from tests.stand_ins import kfp_api_rules
+
+    kfp_api_rules.parse_cron(kfp_client.normalize_cron(cron))  # raises if KFP would refuse it
+
+
+def test_a_schedule_is_checked_as_to_model_job_does(server, package):
+    job = kfp_client.schedule(server.endpoint, package, "0 2 * * *", {}, job_name="nightly")
+    (created,) = server.recurring_runs
+    assert created["recurring_run_id"] == job and created["status"] == "ENABLED"
+    client = _sdk(server)
+    reference = created["pipeline_version_reference"]
+    common = dict(pipeline_id=reference["pipeline_id"], version_id=reference["pipeline_version_id"])
+    refused = [
+        ({"cron_expression": "0 2 * *"}, "Expected 5 to 6 fields, found 4: 0 2 * *"),
+        ({"cron_expression": "0 0 2 * * 7"}, "End of range (7) above maximum (6): 7"),
+        ({"cron_expression": "0 0 2 * * *", "max_concurrency": 11},
+         "Max concurrency of a recurring run must be at least 1 and at most 10. Received 11"),
+        ({"cron_expression": "0 0 2 * * *", "params": {"span": "3"}},
+         "input parameter span requires type double or integer"),
+    ]  # fmt: skip
+    for arguments, message in refused:
+        with pytest.raises(kfp_server_api.ApiException) as raised:
+            client.create_recurring_run(created["experiment_id"], "raw", **common, **arguments)
+        assert raised.value.status == 400 and message in raised.value.body
+    assert len(server.recurring_runs) == 1
+    with pytest.raises(
+        KubeflowError, match="day-of-week field '7'"
+    ):  # the product: before any call
+        kfp_client.schedule(server.endpoint, package, "0 2 * * 7", {}, job_name="other")
