@@ -46,7 +46,6 @@ BARE = "bare_import_tensorflow"
 _BARE_DONE = "bare import done"
 _BARE_CODE = f"import tensorflow; print({_BARE_DONE!r}, flush=True)"
 # The launcher's output metadata file (component/launcher_v2.go OutputMetadataFilepath).
-_OUTPUT_FILE = "/tmp/kfp_outputs/output_metadata.json"
 # Generous: a step on a loaded 2-CPU machine takes ~10 s; one that hangs must not hang the bench.
 _TIMEOUT_S = 180
 
@@ -135,10 +134,12 @@ def _executor_input(step: dict, root: Path, task_name: str) -> dict:
     for name, definition in declared.items():
         artifact = {"uri": f"{run}/{name}", "type": definition["artifactType"]}
         outputs[name] = {"artifacts": [artifact]}
-    (root / "tmp" / "kfp_outputs").mkdir(parents=True)
+    # KFP 2.15+ (driver/driver.go provisionOutputs): the ExecutorOutput in the task's folder.
+    task_root = root / "s3" / run[len("s3://") :]
+    task_root.mkdir(parents=True)
     return {
         "inputs": {"parameterValues": step["parameters"], "artifacts": inputs},
-        "outputs": {"artifacts": outputs, "outputFile": str(root / _OUTPUT_FILE.lstrip("/"))},
+        "outputs": {"artifacts": outputs, "outputFile": str(task_root / "output_metadata.json")},
     }
 
 

@@ -114,15 +114,22 @@ def _description(name: str, default: Any) -> str:
 
 
 def trainer_retry_policy(config: PipelineConfig) -> dict:
-    """The Trainer task's retryPolicy. KFP 2.5 compiles it into an Argo retryStrategy
-    (backend/src/v2/compiler/argocompiler/container.go getTaskRetryStrategy): limit =
-    maxRetryCount, backoff duration in whole seconds, the factor truncated to an integer, and a
-    maxDuration only when backoffMaxDuration is set. That one counts from the first attempt, so
-    it is left unset: a long training must not lose its retries to its own length. Argo's
-    default policy retries a failed pod (non-zero exit, OOM kill); each retry resumes from the
-    training's backup (components/training/checkpoints.py). A pod deleted by a node preemption is
-    not retried: the next run of the pipeline resumes instead."""
-    return {"maxRetryCount": config.trainer_retries, "backoffDuration": "30s", "backoffFactor": 2}
+    """The Trainer task's retryPolicy; each retry resumes from the training's backup
+    (components/training/checkpoints.py). How the backends read it
+    (backend/src/v2/compiler/argocompiler/container.go):
+    - KFP 2.5 compiles it into an Argo retryStrategy: limit = maxRetryCount, the backoff
+      duration in whole seconds, the factor truncated to an integer, a maxDuration only when
+      backoffMaxDuration is set; Argo's default policy retries a failed pod (non-zero exit, OOM
+      kill), not a deleted one (a node preemption).
+    - KFP 2.14+ passes the four values as template parameters, an unset one as "0": Argo then
+      reads maxDuration "0" as "already past" and never retries, and parses the factor as an
+      integer (2.9 errors the task). So the factor is an integer and backoffMaxDuration is
+      always set, long enough for every attempt: (retries + 1) x (max_train_minutes + 1 h).
+    - KFP 2.17's default manifests make Argo retry errors only (a deleted or preempted pod) and
+      not failures (kubeflow/README.md, section 6a, says what an operator changes)."""
+    attempt_s = int(config.max_train_minutes * 60) + 3600
+    return {"maxRetryCount": config.trainer_retries, "backoffDuration": "30s", "backoffFactor": 2,
+            "backoffMaxDuration": f"{(config.trainer_retries + 1) * attempt_s}s"}  # fmt: skip
 
 
 def _beam_args_as_parameter(spec: dict, config: PipelineConfig) -> None:

@@ -16,9 +16,13 @@ the image the spec names, as built by `make images`. What a pod of the KFP 2.5 b
   (compiler/argocompiler/container.go); the launcher runs in the main container as the image's
   user, so what it downloads and the output folders it makes (launcher_v2.go
   prepareOutputFolders, MkdirAll 0755) belong to that user: the harness, which plays the
-  launcher on the host, hands them over. /tmp/kfp_outputs is the container's own /tmp in a pod
-  (launcher_v2.go OutputMetadataFilepath); here it is a mount, so that the host can read the
-  ExecutorOutput;
+  launcher on the host, hands them over. Until 2.15 the ExecutorOutput goes to
+  /tmp/kfp_outputs, the container's own /tmp in a pod (launcher_v2.go OutputMetadataFilepath);
+  here it is a mount, so that the host can read it; since 2.15 it is in the task's folder on
+  /s3 (kfp_versions.py);
+- 2.16.0+: the container without capabilities and without new privileges
+  (argocompiler/security_context.go: drop ALL, allowPrivilegeEscalation false; podman's default
+  seccomp profile plays RuntimeDefault);
 - the environment: the image's ENV, then kfp_launcher.pod_environment (the spec's env, the
   secretAsEnv keys, KFP's pod variables);
 - the network: loopback only, shared with a sidecar that forwards 127.0.0.1:<store port> to
@@ -49,8 +53,8 @@ from pipelines.kubeflow import images as pipeline_images
 from pipelines.kubeflow.images import Engine
 from pipelines.kubeflow.kfp_entrypoint import EXECUTOR_STARTS
 from tests.stand_ins.kfp_launcher import EMPTY_DIRS, OOM_KILLED, TaskFailed
+from tests.stand_ins.kfp_versions import NEWEST, KfpBackend
 
-VOLUMES = (*EMPTY_DIRS, "tmp/kfp_outputs")
 _SOCKET_IN_SIDECAR = "/run/tkp-store/store.sock"
 # One direction of a forwarded connection; the host side and the sidecar both run this text.
 _PIPE = """
@@ -147,6 +151,13 @@ class ContainerRuntime:
     # A guard of the entry point's message, not something a KFP pod meets (its emptyDirs are
     # 0777): False leaves the volumes root's (0755), as a volume from elsewhere could be.
     hand_over_volumes: bool = True
+    version: KfpBackend = NEWEST  # the backend played (the harness sets it)
+
+    def volumes(self) -> tuple[str, ...]:
+        """The emptyDirs, and (2.5.0) /tmp/kfp_outputs, the ExecutorOutput's folder."""
+        if self.version.output_file_in_task_root:
+            return EMPTY_DIRS
+        return (*EMPTY_DIRS, "tmp/kfp_outputs")
 
     def __enter__(self) -> ContainerRuntime:
         suffix = uuid.uuid4().hex[:8]
@@ -183,7 +194,7 @@ class ContainerRuntime:
             if "\n" in value or "\0" in value:  # an env file holds one variable per line
                 raise TaskFailed(f"environment variable {name}: a value with a line break")
         self._ensure_network(image)
-        for volume in VOLUMES:
+        for volume in self.volumes():
             (root / volume).mkdir(parents=True, exist_ok=True)
         user = self.engine.run("image", "inspect", "--format", "{{.Config.User}}", image).stdout
         return ContainerPod(root, environment, resources, image, user.strip(), self, task)
@@ -212,7 +223,7 @@ class ContainerPod:
         if not self.runtime.hand_over_volumes:
             return
         uid, _, gid = self.user.partition(":")
-        for volume in VOLUMES:
+        for volume in self.runtime.volumes():
             for folder, _, files in os.walk(self.root / volume):
                 for name in [folder, *(os.path.join(folder, f) for f in files)]:
                     if uid.isdigit():
@@ -223,11 +234,14 @@ class ContainerPod:
     def _arguments(self, name: str, command: list[str], env_file: Path) -> list[str]:
         memory, cpus = self.resources.get("memoryLimit"), self.resources.get("cpuLimit")
         limits = []
+        if self.runtime.version.hardened_container:  # 2.16.0+ security_context.go
+            limits += ["--cap-drop=ALL", "--security-opt", "no-new-privileges"]
         if memory:
             limits += ["--memory", f"{int(memory * 1e9)}", "--memory-swap", f"{int(memory * 1e9)}"]
         if cpus:
             limits += ["--cpus", str(cpus)]
-        mounts = [part for volume in VOLUMES for part in ("-v", f"{self.root / volume}:/{volume}")]
+        mounts = [part for volume in self.runtime.volumes()
+                  for part in ("-v", f"{self.root / volume}:/{volume}")]  # fmt: skip
         return [
             *self.runtime.engine.command, "run", "--pull=never", "--name", name,
             "--network", f"container:{self.runtime.network}", "--env-file", str(env_file),

@@ -1,8 +1,11 @@
-"""Plays the open-source Kubeflow Pipelines 2.5 backend for a compiled spec, without a cluster.
+"""Plays the open-source Kubeflow Pipelines backend for a compiled spec, without a cluster.
 
-A test of the compiled artifact, not an orchestrator: it runs a spec as the 2.5 backend's API
+A test of the compiled artifact, not an orchestrator: it runs a spec as the backend's API
 server, driver and launcher would, across several runs, and refuses what it does not emulate.
-Each rule names the file of kubeflow/pipelines at tag 2.5.0 (backend/src/...) that it follows:
+The backend version it plays (2.5.0, 2.16.1 or 2.17.0, the newest by default) switches the rules
+that differ between them, in one place (kfp_versions.py, each switch citing its source); the
+rules below are those all three share, each naming the file of kubeflow/pipelines at tag 2.5.0
+(backend/src/...) that it follows:
 - the API server: root parameters take the run's values, else their defaults; unknown names,
   values of the wrong type and a required parameter with neither are rejected
   (apiserver/template/v2_template.go, v2/compiler/argocompiler/argo.go);
@@ -31,6 +34,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +48,7 @@ from components.base.config import REPO_ROOT
 from tests.stand_ins import kfp_launcher, kfp_store
 from tests.stand_ins.kfp_containers import ContainerRuntime
 from tests.stand_ins.kfp_launcher import EXECUTOR_LOGS, TaskFailed
+from tests.stand_ins.kfp_versions import NEWEST, KfpBackend
 
 __all__ = ["Backend", "TaskFailed", "UnsupportedByKubeflow", "check_supported", "load_strictly"]
 
@@ -53,6 +58,9 @@ __all__ = ["Backend", "TaskFailed", "UnsupportedByKubeflow", "check_supported", 
 # than 2.5, which fails only once the task has a retry policy: refused for every task here, so
 # that adding a retry policy cannot break the spec.
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# 2.14.0+: shared retry templates; Argo's own rule for a DAG task's name remains, with KFP's
+# `-driver` suffix within its 128 characters (argo-workflows workflow/validate/validate.go).
+ARGO_TASK_NAME = re.compile(r"^[a-zA-Z0-9][-a-zA-Z0-9]{0,120}$")
 # Platform-spec fields with an effect the harness plays (secretAsEnv) or that only place the pod.
 _PLATFORM_FIELDS = {"secretAsEnv", "nodeSelector", "tolerations"}
 # Trigger conditions over what evaluate_condition builds: every `inputs.` reference goes to a
@@ -88,8 +96,9 @@ def load_strictly(spec: dict) -> pipeline_spec_pb2.PipelineSpec:
     )
 
 
-def check_supported(spec: dict, parameter_values: dict, platform: dict | None = None) -> None:
-    """Refuses what the 2.5 backend rejects and what this harness does not emulate."""
+def check_supported(spec: dict, parameter_values: dict, platform: dict | None = None,
+                    version: KfpBackend = NEWEST) -> None:  # fmt: skip
+    """Refuses what the backend `version` rejects and what this harness does not emulate."""
     for label, executor in spec["deploymentSpec"]["executors"].items():
         if "resolver" in executor:  # argocompiler/argo.go: "resolver not implemented yet"
             raise UnsupportedByKubeflow(f"{label}: resolver executors are not implemented")
@@ -109,11 +118,13 @@ def check_supported(spec: dict, parameter_values: dict, platform: dict | None = 
         if "dag" in component or component.get("outputDefinitions", {}).get("parameters"):
             raise UnsupportedByKubeflow(f"{name}: sub-DAGs and output parameters are not played")
     for task_name, task in spec["root"]["dag"]["tasks"].items():
-        if not DNS_1123_LABEL.match(task_name):
+        if version.task_name_in_pod_name and not DNS_1123_LABEL.match(task_name):
             raise UnsupportedByKubeflow(
                 f"task {task_name!r}: not a DNS-1123 label; Argo names the pods of a task with a "
                 "retry policy after it"
             )
+        if not ARGO_TASK_NAME.match(task_name):
+            raise UnsupportedByKubeflow(f"task {task_name!r}: not a valid Argo task name")
         # driver.go getDAGTasks keys a run's executions by taskInfo.name, and
         # resolveUpstreamArtifacts looks each producerTask up there.
         if task["taskInfo"]["name"] != task_name:
@@ -169,8 +180,8 @@ class PipelineRun:
 
 
 class Backend:
-    """One KFP 2.5 deployment: a namespace with its Secrets and pipeline root, ML Metadata and
-    the cache table that all its runs share.
+    """One KFP deployment (`version`, kfp_versions.py): a namespace with its Secrets and
+    pipeline root, ML Metadata and the cache table that all its runs share.
 
     `images` maps each image reference in the spec to the Dockerfile it is built from (its ENV
     is the container's environment); `secrets` maps Secret name -> key -> value.
@@ -186,6 +197,8 @@ class Backend:
         publish_logs: bool = True,
         interrupt: dict[str, Callable[[], bool]] | None = None,
         containers: ContainerRuntime | None = None,
+        version: KfpBackend = NEWEST,
+        pending_deadline_s: float = 60,
     ):
         if not pipeline_root.startswith("s3://"):
             raise UnsupportedByKubeflow(f"pipeline root {pipeline_root}: only s3:// is played")
@@ -198,9 +211,14 @@ class Backend:
         # RetryPolicyOnFailure), so the task and the run fail. `retry_waits` lists the backoffs
         # Argo would have waited.
         self.interrupt = dict(interrupt or {})
+        # The backend played (kfp_versions.py), and how long a pod that cannot start (a missing
+        # Secret) is watched before the test gives up on the run, which KFP never does.
+        self.version, self.pending_deadline_s = version, pending_deadline_s
         # Each pod as a container of the image the spec names (kfp_containers.py), else as a
         # process of this project's .venv with the image's ENV.
         self.containers = containers
+        if containers is not None:
+            containers.version = version
         self.preempt: dict[str, Callable[[], bool]] = {}
         self.retry_waits: list[tuple[str, int]] = []
         # config/s3.go: the session of an s3 root whose kfp-launcher ConfigMap names no provider.
@@ -208,7 +226,7 @@ class Backend:
 
     def run(self, spec: dict, platform: dict | None, parameter_values: dict) -> PipelineRun:
         load_strictly(spec)
-        check_supported(spec, parameter_values, platform)
+        check_supported(spec, parameter_values, platform, self.version)
         run_id = str(uuid.uuid4())
         # metadata/client.go GetPipeline: the run's root under the pipeline root.
         run = PipelineRun(run_id, f"{self.pipeline_root}/{spec['pipelineInfo']['name']}/{run_id}")
@@ -282,25 +300,61 @@ class Backend:
             return TaskResult("cached", self._as_inputs(outputs))
 
         log_path = self.work_dir / "logs" / run.run_id / f"{task_name}.log"
-        attempts = 1 + int(task.get("retryPolicy", {}).get("maxRetryCount", 0))
-        for attempt in range(attempts):
+        policy = task.get("retryPolicy")
+        started = time.monotonic()
+        attempt = 0
+        while True:
             try:
                 outputs = self._attempt(
                     spec, platform, run, task_name, executor_input, log_path, attempt
                 )
                 break
             except (TaskFailed, kfp_store.ArtifactRecordError) as failure:
-                # Argo's default retryPolicy OnFailure (workflow_types.go RetryPolicyActual)
-                # retries a failed pod, a non-zero exit or an OOM kill alike, until `limit`.
-                if attempt + 1 < attempts and not isinstance(failure, Preempted):
-                    self.retry_waits.append((task_name, _backoff(task["retryPolicy"], attempt)))
-                    continue
-                self.metadata.new_execution(task_name, run.run_id, "FAILED", {})
-                raise TaskFailed(str(failure)) from failure
+                wait = self._retry(task_name, policy, failure, attempt, started)
+                if wait is None:
+                    self.metadata.new_execution(task_name, run.run_id, "FAILED", {})
+                    raise TaskFailed(str(failure)) from failure
+                self.retry_waits.append((task_name, wait))
+                attempt += 1
         execution = self.metadata.new_execution(task_name, run.run_id, "COMPLETE", outputs)
         if fingerprint:
             self.metadata.add_cache_entry(fingerprint, pipeline_name, self.namespace, execution)
         return TaskResult("executed", self._as_inputs(outputs), log_path)
+
+    def _retry(self, task_name: str, policy: dict | None, failure: Exception, attempt: int,
+               started: float) -> int | None:  # fmt: skip
+        """Whether Argo runs the task's pod again after `failure`, and after how many seconds
+        (kfp_versions.py: retry_values_as_parameters, retry_on_error_only; Argo's
+        workflow/controller/operator.go processNodeRetries). A preempted pod is an errored node;
+        a non-zero exit or an OOM kill a failed one."""
+        errored = isinstance(failure, Preempted)
+        if self.version.retry_on_error_only:  # 2.17.0's templateDefaults: every template
+            if not errored:
+                return None
+            limit = int(policy["maxRetryCount"]) if policy else 2
+        else:  # OnFailure, KFP's retryPolicy only
+            if errored or not policy:
+                return None
+            limit = int(policy.get("maxRetryCount", 0))
+        if attempt + 1 > limit:
+            return None
+        if not policy:
+            return 0
+        max_duration = policy.get("backoffMaxDuration")  # 2.5.0: only when set
+        if self.version.retry_values_as_parameters:
+            max_duration = max_duration or "0s"  # an unset parameter's default "0"
+            number = float(policy.get("backoffFactor", 0))  # a double, as Go's %v prints it
+            factor = str(int(number)) if number.is_integer() else repr(number)
+            if not factor.lstrip("-").isdigit():
+                raise TaskFailed(f"{task_name}: Argo cannot parse the backoff factor {factor!r} "
+                                 "(intstr: strconv.Atoi): the retry node errors")  # fmt: skip
+        if max_duration is not None:  # counted from the first attempt's start
+            if time.monotonic() - started >= float(max_duration.rstrip("s")):
+                raise TaskFailed(
+                    f"{task_name}: Max duration limit exceeded (backoffMaxDuration "
+                    f"{policy.get('backoffMaxDuration', 'unset: 0')}): {failure}"
+                )
+        return _backoff(policy, attempt)
 
     def _attempt(self, spec, platform, run, task_name, executor_input, log_path, attempt):
         """One pod of the task (Argo retries re-run the launcher pod with the same executor
@@ -312,7 +366,9 @@ class Backend:
         pod_root = self.work_dir / "pods" / run.run_id / f"{task_name}-{attempt}"
         image_env = self._image_env(container["image"])
         container_env = {item["name"]: item["value"] for item in container.get("env", [])}
-        secret_env = self._secret_env(platform, label)
+        secret_env = self._secret_env(platform, label, task_name)
+        if self.version.retry_index_env and task.get("retryPolicy"):  # common.go retryIndexEnv
+            container_env = {**container_env, "KFP_RETRY_INDEX": str(attempt)}
         resources = container.get("resources", {})
         if self.containers is not None:
             environment = kfp_launcher.pod_environment(container_env, secret_env)
@@ -324,8 +380,8 @@ class Backend:
                 pod_root, image_env, container_env, secret_env, resources.get("memoryLimit")
             )
         executor_input = json.loads(json.dumps(executor_input))
-        # The output metadata file lives in the pod's /tmp.
-        executor_input["outputs"]["outputFile"] = pod.step_path(kfp_launcher.OUTPUT_METADATA_FILE)
+        output_file = executor_input["outputs"]["outputFile"]  # the launcher's own path
+        executor_input["outputs"]["outputFile"] = pod.step_path(output_file)
         interrupt = self.interrupt.pop(task_name, None) if attempt == 0 else None
         preempt = self.preempt.pop(task_name, None) if attempt == 0 else None
         preempted = []
@@ -341,6 +397,7 @@ class Backend:
                 artifacts = kfp_launcher.launch(
                     pod, executor_input, component, container, run.run_root, log_path,
                     cwd=REPO_ROOT, kill_when=kill_when, attempt=attempt,
+                    output_file=output_file, version=self.version,
                 )  # fmt: skip
             except TaskFailed as failure:
                 if preempted:
@@ -371,36 +428,56 @@ class Backend:
         declared = dict(component.get("outputDefinitions", {}).get("artifacts", {}))
         if self.publish_logs:
             declared[EXECUTOR_LOGS] = {"artifactType": {"schemaTitle": "system.Artifact"}}
-        salt = str(uuid.uuid4())
+        task_root = f"{run.run_root}/{task_name}/{str(uuid.uuid4())}"
         artifacts = {}
         for key, definition in declared.items():
-            artifact = {"uri": f"{run.run_root}/{task_name}/{salt}/{key}"}
+            artifact = {"uri": f"{task_root}/{key}"}
+            if self.version.named_outputs:
+                artifact["name"] = key
             artifact["type"] = definition["artifactType"]
             if "metadata" in definition:
                 artifact["metadata"] = definition["metadata"]
             artifacts[key] = {"artifacts": [artifact]}
-        return {"artifacts": artifacts, "outputFile": kfp_launcher.OUTPUT_METADATA_FILE}
+        output_file = kfp_launcher.OUTPUT_METADATA_FILE
+        if self.version.output_file_in_task_root:  # <local task root>/output_metadata.json
+            local_root = kfp_launcher.local_path(task_root, Path("/"))
+            output_file = f"{local_root}/output_metadata.json"
+        return {"artifacts": artifacts, "outputFile": output_file}
 
     def _image_env(self, image: str) -> dict[str, str]:
         if image not in self.images:
             raise UnsupportedByKubeflow(f"image {image}: not one of {sorted(self.images)}")
         return kfp_launcher.image_environment(self.images[image])
 
-    def _secret_env(self, platform: dict | None, executor_label: str) -> dict[str, str]:
-        """secretAsEnv: each key from the named Secret; a missing Secret or key stops the pod
-        (CreateContainerConfigError)."""
+    def _secret_env(self, platform: dict | None, executor_label: str, task: str) -> dict[str, str]:
+        """secretAsEnv: each key from the named Secret. A missing Secret or key leaves the pod
+        Pending in CreateContainerConfigError, which neither the driver nor Argo ever fails (no
+        deadline by default, at every version played): the harness waits for the Secret to
+        appear for `pending_deadline_s`, then ends the run saying what it waits for."""
         config = _platform_executors(platform).get(executor_label, {})
-        environment = {}
-        for secret in config.get("secretAsEnv", []):
-            values = self.secrets.get(secret["secretName"])
-            for mapping in secret["keyToEnv"]:
-                if values is None or mapping["secretKey"] not in values:
-                    raise TaskFailed(
-                        f"CreateContainerConfigError: secret {secret['secretName']} key "
-                        f"{mapping['secretKey']} not found in namespace {self.namespace}"
-                    )
-                environment[mapping["envVar"]] = values[mapping["secretKey"]]
-        return environment
+        deadline = time.monotonic() + self.pending_deadline_s
+        while True:
+            environment, missing = {}, ""
+            for secret in config.get("secretAsEnv", []):
+                values = self.secrets.get(secret["secretName"])
+                for mapping in secret["keyToEnv"]:
+                    if values is None:
+                        missing = f'secret "{secret["secretName"]}" not found'
+                    elif mapping["secretKey"] not in values:
+                        missing = (f"couldn't find key {mapping['secretKey']} in Secret "
+                                   f"{self.namespace}/{secret['secretName']}")  # fmt: skip
+                    else:
+                        environment[mapping["envVar"]] = values[mapping["secretKey"]]
+            if not missing:
+                return environment
+            if time.monotonic() > deadline:
+                raise TaskFailed(
+                    f"the pod of task {task} is still Pending after {self.pending_deadline_s:.0f}"
+                    f" s: CreateContainerConfigError: {missing}. KFP and Argo never fail such a "
+                    "pod: on a cluster the run waits until the Secret exists in namespace "
+                    f"{self.namespace} or the run is terminated"
+                )
+            time.sleep(0.2)
 
 
 def _backoff(policy: dict, attempt: int) -> int:

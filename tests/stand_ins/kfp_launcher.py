@@ -1,7 +1,8 @@
-"""One task's pod as the KFP 2.5 backend makes it, and the launcher that runs inside it.
+"""One task's pod as the KFP backend makes it, and the launcher that runs inside it.
 
 Part of the launcher-contract harness (`tests/stand_ins/kfp_harness.py`). Every rule names the file
-of kubeflow/pipelines at tag 2.5.0 (backend/src/v2/...) that it follows. The pod's "/" is a fresh
+of kubeflow/pipelines at tag 2.5.0 (backend/src/v2/...) that it follows; what later versions
+change is switched by kfp_versions.py. The pod's "/" is a fresh
 folder per task (`Pod.root`), told to the container through KFP_LOCAL_ARTIFACT_ROOT: the one thing
 that differs from a real pod, where the launcher's paths are literally /s3, /gcs, /minio.
 """
@@ -22,6 +23,7 @@ import psutil
 from components.base import storage
 from components.base.object_store import s3_client
 from pipelines.kubeflow import images
+from tests.stand_ins.kfp_versions import NEWEST, KfpBackend
 
 # component/launcher_v2.go OutputMetadataFilepath.
 OUTPUT_METADATA_FILE = "/tmp/kfp_outputs/output_metadata.json"
@@ -168,10 +170,14 @@ def _keys_under(uri: str):
     return client, bucket, prefix, keys
 
 
-def download(uri: str, destination: Path) -> None:
+def download(uri: str, destination: Path, exact_prefix: bool = False) -> None:
     """objectstore/object_store.go DownloadBlob: every object under the URI's key, to its
-    relative path; a prefix with no objects downloads nothing."""
+    relative path; a prefix with no objects downloads nothing. Until 2.17.0 "under" is a string
+    prefix (`.../model` also takes `.../model-2/x`); 2.17.0 takes the key itself and `<key>/...`
+    only (kfp_versions.py download_exact_prefix)."""
     client, bucket, prefix, keys = _keys_under(uri)
+    if exact_prefix:
+        keys = [key for key in keys if key == prefix or key.startswith(prefix.rstrip("/") + "/")]
     for key in keys:
         relative = os.path.relpath(key, prefix)
         target = destination if relative == "." else destination / relative
@@ -210,10 +216,20 @@ def launch(
     cwd: Path,
     kill_when=None,
     attempt: int = 0,
+    output_file: str = OUTPUT_METADATA_FILE,
+    version: KfpBackend = NEWEST,
 ) -> dict[str, dict]:
     """component/launcher_v2.go executeV2 and execute, for one task: returns output key ->
     runtime artifact (URI and metadata as merged), after uploading each output. Nothing is
-    uploaded for a step that fails, its log file included."""
+    uploaded for a step that fails, except (2.16+) its log file. `output_file` is the
+    ExecutorOutput's path as the launcher knows it (kfp_versions.py output_file_in_task_root)."""
+    outputs = executor_input["outputs"]
+    if version.executor_logs_per_retry and EXECUTOR_LOGS in outputs.get("artifacts", {}):
+        # qualifyExecutorLogsURI: `-<retry index>` once on the URI, before anything else.
+        executor_input = json.loads(json.dumps(executor_input))
+        outputs = executor_input["outputs"]
+        logs = outputs["artifacts"][EXECUTOR_LOGS]["artifacts"][0]
+        logs["uri"] = f"{logs['uri']}-{attempt}"
     # addDefaultParams: component input defaults fill parameters the driver left out.
     resolved = json.loads(json.dumps(executor_input))
     parameters = resolved["inputs"].setdefault("parameterValues", {})
@@ -229,8 +245,7 @@ def launch(
         artifact = listed["artifacts"][0]
         path = local_path(artifact["uri"], pod.root)
         if path is not None:
-            download(artifact["uri"], path)
-    outputs = executor_input["outputs"]
+            download(artifact["uri"], path, version.download_exact_prefix)
     for listed in outputs.get("artifacts", {}).values():  # prepareOutputFolders: parents
         local_path(listed["artifacts"][0]["uri"], pod.root).parent.mkdir(
             parents=True, exist_ok=True
@@ -248,19 +263,23 @@ def launch(
         log.write(f"--- attempt {attempt + 1} ---\n".encode() if attempt else b"")
         log.write(log_file.read_bytes())
     if returncode != 0:
+        if version.executor_logs_per_retry and EXECUTOR_LOGS in outputs.get("artifacts", {}):
+            upload(log_file, outputs["artifacts"][EXECUTOR_LOGS]["artifacts"][0]["uri"])
         tail = log_path.read_text(errors="replace")[-4000:]
         raise TaskFailed(f"exited {returncode}; log {log_path}:\n{tail}")
 
     # getExecutorOutputFile: a missing file is an empty ExecutorOutput.
-    output_file = pod.path(OUTPUT_METADATA_FILE)
+    written = pod.path(output_file)
     reported = {}
-    if output_file.exists():
-        reported = json.loads(output_file.read_text()).get("artifacts", {})
+    if written.exists():
+        reported = json.loads(written.read_text()).get("artifacts", {})
     results = {}
     for name, listed in outputs.get("artifacts", {}).items():  # uploadOutputArtifacts
         artifact = dict(listed["artifacts"][0])
         artifact["metadata"] = dict(artifact.get("metadata") or {})
         mine = (reported.get(name, {}).get("artifacts") or [{}])[0]
+        if name == EXECUTOR_LOGS and version.executor_logs_per_retry:
+            mine = {}  # 2.16.1+: what the step reports for the log is ignored
         if mine.get("uri"):  # mergeRuntimeArtifacts: the step's URI wins, metadata merges
             artifact["uri"] = mine["uri"]
         artifact["metadata"].update(mine.get("metadata") or {})

@@ -98,7 +98,9 @@ def test_a_pushed_run_reports_what_the_evaluation_found(loop):
                               r"examples</td><td>[\d,]+</td><td>([\d,]+)</td>", page)  # fmt: skip
     assert eval_examples, page
     assert int(eval_examples[1].replace(",", "")) == loop.first.metrics["overall"]["example_count"]
-    columns = set(re.findall(r"<tr><td>(\w+)</td><td>[^<]*(?: to |, |values)", page))
+    # A number's range ("2.5 to 10"), a category's counts ("Cash 1,204 · Credit Card 980"),
+    # free text ("1,204 values").
+    columns = set(re.findall(r"<tr><td>(\w+)</td><td>[^<]*(?: to | · |\d values)", page))
     assert set(kit.of(loop.config.use_case).raw_feature_spec) <= columns, columns
     # Step times of every step before the report, carried along the DAG.
     shown = re.findall(r"<tr><td>(\w+)(?: \(cached[^<]*)?</td><td>[\d.]+</td></tr>", page)

@@ -1,4 +1,5 @@
-"""Each rule the KFP 2.5 harness plays catches the failure it exists for.
+"""Each rule the KFP harness plays catches the failure it exists for, at each backend version
+where the rule differs (tests/stand_ins/kfp_versions.py).
 
 Small specs whose steps are a few lines of Python (run as the harness runs any container), so
 every rule is shown in seconds against the real SeaweedFS store; the compiled pipeline itself
@@ -10,12 +11,15 @@ from __future__ import annotations
 import copy
 import json
 import os
+import threading
+import time
 
 import pytest
 
 from components.base import storage
 from tests.stand_ins import kfp_harness
 from tests.stand_ins.kfp_harness import TaskFailed, UnsupportedByKubeflow
+from tests.stand_ins.kfp_versions import NEWEST, V2_5_0, V2_16_1, V2_17_0, VERSIONS
 
 IMAGE = "registry.example.com/steps:1.0"
 SECRET = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -107,9 +111,8 @@ PLATFORM = {
 }
 
 
-@pytest.fixture
-def backend(object_store, tmp_path):
-    """A 2.5 backend whose one image sets PATH to its venv and HOME, as the project's images do."""
+def make_backend(object_store, tmp_path, version=NEWEST, **options) -> kfp_harness.Backend:
+    """A backend whose one image sets PATH to its venv and HOME, as the project's images do."""
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(
         "FROM scratch\nENV VIRTUAL_ENV=/opt/venv \\\n    PATH=/opt/venv/bin:$PATH\nENV HOME=/home/step\n"  # noqa: E501
@@ -117,8 +120,25 @@ def backend(object_store, tmp_path):
     secrets = {"store": {k: os.environ[k] for k in SECRET}}
     bucket = object_store.new_bucket("rules")
     return kfp_harness.Backend(
-        f"s3://{bucket}/root", {IMAGE: dockerfile}, secrets, tmp_path / "backend"
-    )
+        f"s3://{bucket}/root", {IMAGE: dockerfile}, secrets, tmp_path / "backend",
+        version=version, **options,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def backend(object_store, tmp_path):
+    """The newest backend: the rules every version shares."""
+    return make_backend(object_store, tmp_path)
+
+
+@pytest.fixture
+def backend_2_5(object_store, tmp_path):
+    return make_backend(object_store, tmp_path, V2_5_0)
+
+
+@pytest.fixture(params=list(VERSIONS.values()), ids=list(VERSIONS))
+def each_backend(request, object_store, tmp_path):
+    return make_backend(object_store, tmp_path, request.param)
 
 
 def _written(run: kfp_harness.PipelineRun):
@@ -198,8 +218,10 @@ def test_a_pod_gets_the_image_env_the_secret_and_kfps_variables_not_the_test_pro
     relies_on_it = {"script": "os.environ['ONLY_IN_THE_TEST_PROCESS']"}
     with pytest.raises(TaskFailed, match="KeyError: 'ONLY_IN_THE_TEST_PROCESS'"):
         backend.run(spec_of({"producer": relies_on_it}), PLATFORM, {})
-    backend.secrets = {}
-    with pytest.raises(TaskFailed, match="secret store key AWS_ACCESS_KEY_ID not found"):
+    backend.secrets["store"].pop("AWS_ACCESS_KEY_ID")
+    backend.pending_deadline_s = 0.5
+    with pytest.raises(TaskFailed, match="couldn't find key AWS_ACCESS_KEY_ID in Secret "
+                       "kubeflow/store"):  # fmt: skip
         backend.run(spec_of({"producer": PRODUCER}), PLATFORM, {})
 
 
@@ -287,9 +309,10 @@ def test_a_false_trigger_condition_skips_the_task_and_omits_its_dependents(backe
         backend.run(spec, PLATFORM, {})
 
 
-def test_a_killed_pod_is_retried_as_argo_does_and_fails_the_task_without_a_policy(backend):
-    """Argo's default OnFailure policy retries a failed pod up to maxRetryCount times, waiting
-    backoffDuration x int(backoffFactor)^n; without a retryPolicy the task fails."""
+def test_a_killed_pod_is_retried_as_argo_does_and_fails_the_task_without_a_policy(backend_2_5):
+    """2.5.0: Argo's default OnFailure policy retries a failed pod up to maxRetryCount times,
+    waiting backoffDuration x int(backoffFactor)^n; without a retryPolicy the task fails."""
+    backend = backend_2_5
     slow = {"script": "import time; time.sleep(20); write('out', 'x')", "outputs": ["out"]}
     spec = spec_of({"producer": slow})
     spec["root"]["dag"]["tasks"]["producer"]["retryPolicy"] = {
@@ -354,10 +377,15 @@ def test_what_the_harness_does_not_play_is_refused(mutate, complaint):
         kfp_harness.check_supported(copy.deepcopy(spec), {})
 
 
-def test_an_upper_case_task_name_is_refused(backend):
+def test_an_upper_case_task_name_is_refused_by_2_5_and_an_underscore_by_every_version(
+    backend_2_5, backend
+):
     spec = spec_of({"Producer": PRODUCER})
-    with pytest.raises(UnsupportedByKubeflow, match="DNS-1123"):
-        backend.run(spec, None, {})
+    with pytest.raises(UnsupportedByKubeflow, match="DNS-1123"):  # 2.5: the pod's name
+        backend_2_5.run(spec, None, {})
+    kfp_harness.check_supported(spec, {}, None, backend.version)  # 2.14+: shared templates
+    with pytest.raises(UnsupportedByKubeflow, match="not a valid Argo task name"):
+        kfp_harness.check_supported(spec_of({"producer_1": PRODUCER}), {}, None, backend.version)
 
 
 def test_parameters_are_checked_and_converted_as_the_25_driver_does(backend):
@@ -392,3 +420,134 @@ def test_an_output_reported_outside_the_runs_root_fails_the_upload(backend):
     }
     with pytest.raises(TaskFailed, match="does not have expected bucket prefix"):
         backend.run(spec_of({"producer": moves_output}), PLATFORM, {})
+
+
+# ------------------------------------------------- what differs between backend versions
+
+
+# A step that writes its ExecutorOutput where KFP 2.5 put it, whatever its ExecutorInput says.
+WRITES_25_PATH = """
+path = os.environ["KFP_LOCAL_ARTIFACT_ROOT"] + "/tmp/kfp_outputs/output_metadata.json"
+os.makedirs(os.path.dirname(path), exist_ok=True)
+write('out', 'x')
+json.dump({"artifacts": {"out": {"artifacts": [{"metadata": {"seen": 1}}]}}}, open(path, "w"))
+print("output file", executor_input["outputs"]["outputFile"])
+"""
+
+
+def test_the_output_file_is_where_each_version_puts_it_and_the_25_path_is_lost_later(
+    each_backend,
+):
+    """2.15.0+ (driver.go provisionOutputs): the ExecutorOutput goes to the task's folder on
+    /s3; a step that writes to 2.5's /tmp/kfp_outputs loses what it reports."""
+    reports = {"script": "write('out', 'x'); report({'out': {'artifacts': [{'metadata': "
+               "{'seen': 1}}]}}); print('output file', executor_input['outputs']"
+               "['outputFile']); print('named', outputs['out'].get('name'))",
+               "outputs": ["out"]}  # fmt: skip
+    run = each_backend.run(spec_of({"producer": reports}), PLATFORM, {})
+    out = run.outputs("producer")["out"]
+    assert out["metadata"]["seen"] == 1  # the launcher read what the step reported
+    log = run.tasks["producer"].log_path.read_text()
+    if each_backend.version.output_file_in_task_root:
+        task_root = out["uri"].removesuffix("/out").removeprefix("s3://")
+        assert f"/s3/{task_root}/output_metadata.json\n" in log
+        assert "named out" in log  # outputs carry their key
+    else:
+        assert "/tmp/kfp_outputs/output_metadata.json\n" in log and "named None" in log
+    fixed = each_backend.run(spec_of({"producer": {"script": WRITES_25_PATH,
+                                                   "outputs": ["out"]}}), PLATFORM, {})  # fmt: skip
+    seen = fixed.outputs("producer")["out"].get("metadata", {}).get("seen")
+    assert seen == (None if each_backend.version.output_file_in_task_root else 1)
+
+
+def test_the_log_artifact_of_each_version_and_a_failed_steps_log(each_backend):
+    """2.16.1+: executor-logs-<retry index>, uploaded when the step fails too."""
+    run = each_backend.run(spec_of({"producer": PRODUCER}), PLATFORM, {})
+    uri = run.outputs("producer")[kfp_harness.EXECUTOR_LOGS]["uri"]
+    per_retry = each_backend.version.executor_logs_per_retry
+    assert uri.endswith("/executor-logs-0" if per_retry else "/executor-logs")
+    failing = {"script": "print('about to fail'); sys.exit(3)", "outputs": ["out"]}
+    with pytest.raises(TaskFailed, match="exited 3"):
+        each_backend.run(spec_of({"producer": failing}), PLATFORM, {})
+    logs = [key for key in storage.list_files(each_backend.pipeline_root + "/**")
+            if "executor-logs" in key and not key.startswith(uri.rsplit("/", 2)[0])]  # fmt: skip
+    if per_retry:
+        (log,) = logs
+        assert b"about to fail" in storage.read_bytes(log)
+    else:
+        assert logs == []
+
+
+def test_2_16_retries_need_an_integer_factor_and_a_max_duration_and_see_their_index(
+    object_store, tmp_path
+):
+    backend = make_backend(object_store, tmp_path, V2_16_1)
+    slow = {"script": "import time; print('retry index', os.environ.get('KFP_RETRY_INDEX'), "
+            "flush=True); time.sleep(20); write('out', 'x')", "outputs": ["out"]}  # fmt: skip
+    spec = spec_of({"producer": slow})
+    task = spec["root"]["dag"]["tasks"]["producer"]
+    task["retryPolicy"] = {"maxRetryCount": 2, "backoffDuration": "3s", "backoffFactor": 2.9,
+                           "backoffMaxDuration": "3600s"}  # fmt: skip
+    backend.interrupt["producer"] = lambda: True
+    with pytest.raises(TaskFailed, match="cannot parse the backoff factor '2.9'"):
+        backend.run(spec, PLATFORM, {})
+    del task["retryPolicy"]["backoffMaxDuration"]
+    task["retryPolicy"]["backoffFactor"] = 2
+    backend.interrupt["producer"] = lambda: True
+    with pytest.raises(TaskFailed, match=r"Max duration limit exceeded \(backoffMaxDuration unset"):
+        backend.run(spec, PLATFORM, {})
+    task["retryPolicy"]["backoffMaxDuration"] = "3600s"  # what the Trainer's policy sets
+    started = time.monotonic()
+    backend.interrupt["producer"] = lambda: time.monotonic() - started > 6  # once it printed
+    run = backend.run(spec, PLATFORM, {})
+    assert backend.retry_waits == [("producer", 3)]
+    first, second = run.tasks["producer"].log_path.read_text().split("--- attempt 2 ---")
+    assert "retry index 0" in first and "retry index 1" in second
+
+
+def test_2_17_retries_errors_on_every_task_and_no_failure(object_store, tmp_path):
+    """2.17.0's default manifests (Argo templateDefaults: limit 2, OnError): a preempted pod is
+    retried, policy or not; a killed one (a failed pod) is not, even with a policy."""
+    backend = make_backend(object_store, tmp_path, V2_17_0)
+    slow = {"script": "import time; time.sleep(20); write('out', 'x')", "outputs": ["out"]}
+    spec = spec_of({"producer": slow})
+    backend.preempt["producer"] = lambda: True  # no retryPolicy
+    run = backend.run(spec, PLATFORM, {})
+    assert run.tasks["producer"].state == "executed" and backend.retry_waits == [("producer", 0)]
+    spec["root"]["dag"]["tasks"]["producer"]["retryPolicy"] = {
+        "maxRetryCount": 2, "backoffDuration": "3s", "backoffFactor": 2,
+        "backoffMaxDuration": "3600s",
+    }  # fmt: skip
+    backend.interrupt["producer"] = lambda: True
+    with pytest.raises(TaskFailed, match="task producer failed: exited"):
+        backend.run(spec, PLATFORM, {})
+    assert len(backend.retry_waits) == 1
+
+
+def test_a_missing_secret_leaves_the_task_pending_until_it_appears_or_the_deadline(
+    object_store, tmp_path
+):
+    """Every version: the pod waits in CreateContainerConfigError; nothing fails it."""
+    backend = make_backend(object_store, tmp_path, pending_deadline_s=2)
+    stored = backend.secrets.pop("store")
+    started = time.monotonic()
+    with pytest.raises(TaskFailed, match='still Pending after 2 s: CreateContainerConfigError: '
+                       'secret "store" not found'):  # fmt: skip
+        backend.run(spec_of({"producer": PRODUCER}), PLATFORM, {})
+    assert time.monotonic() - started >= 2
+    threading.Timer(1, lambda: backend.secrets.update(store=stored)).start()
+    run = backend.run(spec_of({"producer": PRODUCER}), PLATFORM, {})  # it starts once it exists
+    assert run.tasks["producer"].state == "executed"
+
+
+def test_2_17_downloads_an_artifact_without_its_neighbours(each_backend):
+    """Before 2.17.0 an input's download also took every object whose key string-starts with
+    its key: `.../out` brought `.../out-2` along (object_store.go DownloadBlob)."""
+    two = {"script": "write('out', 'a'); write('out-2', 'b')", "outputs": ["out", "out-2"]}
+    looks = {"script": "print('neighbour', os.path.exists(os.path.join(local_path(inputs['data']"
+             "['uri']), '..', 'out-2', 'data.txt'))); write('copy', read('data'))",
+             "inputs": {"data": ("producer", "out")}, "outputs": ["copy"]}  # fmt: skip
+    run = each_backend.run(spec_of({"producer": two, "consumer": looks}), PLATFORM, {})
+    log = run.tasks["consumer"].log_path.read_text()
+    exact = each_backend.version.download_exact_prefix
+    assert f"neighbour {not exact}" in log
