@@ -107,7 +107,7 @@ def run(
     body = kind.manifest(name, api.namespace, settings, workers, replica_command(job_uri),
                          pod_owner(), deadline, step)  # fmt: skip
     timeouts = Timeouts(start=float(settings["start_timeout_minutes"]) * 60,
-                        finish=deadline + FINISH_MARGIN_SECONDS)  # fmt: skip
+                        finish=deadline + FINISH_MARGIN_SECONDS, replicas=workers)  # fmt: skip
     stop_on_sigterm = threading.current_thread() is threading.main_thread()
     if stop_on_sigterm:  # a cancelled run: Argo sends SIGTERM, and `finally` must still run
         previous = signal.signal(signal.SIGTERM, _raise_stopped)
@@ -136,8 +136,10 @@ def run(
 
 @dataclass
 class Timeouts:
-    start: float  # seconds for every replica to be running (or done)
+    start: float  # seconds a replica may wait to start (not scheduled, no container yet)
     finish: float  # seconds for the job to end
+    replicas: int  # how many pods the job has once its controller made them
+    api_errors: float = 300  # seconds of consecutive failing API calls (an upgrade) tolerated
 
 
 def _step_id(output_dict) -> str:
@@ -158,7 +160,7 @@ def _remove_earlier_attempts(api: Kubernetes, step: str, staging_root: str) -> N
     except ApiException as error:
         if error.status == 404:  # no such API: _create says so
             return
-        raise
+        raise kube_client.refused(api, error, f"list {api.kind.plural}") from None
     for name in earlier:
         _log.warning("Deleting %s %s of an earlier attempt of this step", api.kind.kind, name)
         _clean_up(api, name, storage.join(staging_root, name))
@@ -205,20 +207,26 @@ def _remote_inputs(input_dict) -> dict:
 def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
           report_seconds: float = 30) -> None:  # fmt: skip
     """Polls the job until it succeeds or fails; logs its state, its replicas and the chief's
-    latest log line when the state changes and every `report_seconds`."""
+    latest log line when the state changes and every `report_seconds`. Each replica is timed
+    from when it is first seen waiting (or missing), so a pod that comes later (a replacement)
+    is timed too."""
     kind = api.kind.kind
     started, reported, last = time.monotonic(), 0.0, None
-    all_started = False
+    waiting_since: dict[str, float] = {}
+    ever_running = False
     while True:
-        job = kube_client.get(api, name)
+        job, pods = _observe(api, name, timeouts)
         state = api.kind.state(job)
-        pods = api.pods(name)
         waiting = {
             p.metadata.name: replica_pods.why_waiting(p) for p in pods if replica_pods.is_waiting(p)
         }
-        all_started = all_started or (bool(pods) and not waiting)
         now = time.monotonic()
-        shown = "Running" if state.phase == "Pending" and all_started and pods else state.phase
+        missing = max(0, timeouts.replicas - len(pods))
+        waiting_since = {n: waiting_since.get(n, now) for n in waiting}
+        if missing:  # not made yet: timed from the start, then from the last pod's arrival
+            waiting_since.setdefault("", started)
+        ever_running = ever_running or (bool(pods) and not waiting and not missing)
+        shown = "Running" if state.phase == "Pending" and ever_running else state.phase
         if (shown, tuple(waiting)) != last or now - reported >= report_seconds:
             _log.info("%s %s: %s after %.0f s; replicas: %s; chief: %s", kind, name, shown,
                       now - started, replica_pods.replica_counts(pods, waiting),
@@ -228,9 +236,10 @@ def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
             return
         if state.phase == "Failed":
             raise TrainingJobFailed(replica_pods.failure(api, name, state.message, pods))
-        if not all_started and now - started > timeouts.start:
+        longest = max((now - since for since in waiting_since.values()), default=0)
+        if longest > timeouts.start:
             raise TrainingJobFailed(
-                replica_pods.not_started(api, name, now - started, waiting, pods)
+                replica_pods.not_started(api, name, longest, waiting, pods, missing)
             )
         if now - started > timeouts.finish:
             raise TrainingJobFailed(
@@ -239,3 +248,32 @@ def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
                 f"end it does not act on it. {api.kind.install_hint}"
             )
         time.sleep(poll_seconds)
+
+
+def _observe(api: Kubernetes, name: str, timeouts: Timeouts) -> tuple[dict, list]:
+    """The job and its pods. A failing call (the API server restarting, a dropped connection)
+    is tried again for `timeouts.api_errors` seconds: an hours-long training must not fail on
+    one; RBAC and a deleted job fail at once."""
+    from kubernetes.client.exceptions import ApiException
+
+    failing_since = None
+    while True:
+        try:
+            return kube_client.get(api, name), api.pods(name)
+        except ApiException as error:
+            if error.status not in (429, 500, 502, 503, 504):
+                raise kube_client.refused(api, error, "list pods") from None
+            problem = f"HTTP {error.status} {error.reason}"
+        except OSError as error:  # urllib3's connection errors are OSErrors
+            problem = repr(error)
+        except Exception as error:  # urllib3.exceptions (MaxRetryError, ProtocolError)
+            if not type(error).__module__.startswith("urllib3"):
+                raise
+            problem = repr(error)
+        now = time.monotonic()
+        failing_since = failing_since or now
+        if now - failing_since > timeouts.api_errors:
+            raise TrainingJobFailed(f"the Kubernetes API failed for {now - failing_since:.0f} s "
+                                    f"while {api.kind.kind} {name} ran: {problem}")  # fmt: skip
+        _log.warning("Kubernetes API call failed (%s); trying again", problem)
+        time.sleep(5)

@@ -11,6 +11,10 @@ from pathlib import Path
 from components.training.job_kind import JobKind, TrainingJobFailed
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# (connect, read) seconds for every call: a half-open connection must not outlast the step's
+# own timeouts, which are checked between calls.
+REQUEST_TIMEOUT = (10, 60)
+RBAC_HINT = "Apply kubeflow/training-rbac.yaml for it (kubeflow/README.md, multi-worker training)"
 
 
 class Kubernetes:
@@ -45,12 +49,13 @@ class Kubernetes:
             self._path(), "POST", query_params=[("fieldValidation", "Strict")], body=body,
             header_params={"Content-Type": "application/json", "Accept": "application/json"},
             auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True,
+            _request_timeout=REQUEST_TIMEOUT,
         )  # fmt: skip
 
     def get(self, name: str) -> dict:
         k = self.kind
         return self.custom.get_namespaced_custom_object(
-            k.group, k.version, self.namespace, k.plural, name
+            k.group, k.version, self.namespace, k.plural, name, _request_timeout=REQUEST_TIMEOUT
         )
 
     def delete(self, name: str) -> None:
@@ -60,7 +65,7 @@ class Kubernetes:
         try:
             self.custom.delete_namespaced_custom_object(
                 k.group, k.version, self.namespace, k.plural, name,
-                propagation_policy="Background",
+                propagation_policy="Background", _request_timeout=REQUEST_TIMEOUT,
             )  # fmt: skip
         except ApiException as error:
             if error.status != 404:
@@ -69,18 +74,22 @@ class Kubernetes:
     def list(self, label_selector: str) -> list[str]:
         k = self.kind
         found = self.custom.list_namespaced_custom_object(
-            k.group, k.version, self.namespace, k.plural, label_selector=label_selector
-        )
+            k.group, k.version, self.namespace, k.plural, label_selector=label_selector,
+            _request_timeout=REQUEST_TIMEOUT,
+        )  # fmt: skip
         return [item["metadata"]["name"] for item in found.get("items", [])]
 
     def pods(self, name: str) -> list:
         selector = self.kind.pod_selector(name)
-        return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return self.core.list_namespaced_pod(
+            self.namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
+        ).items
 
     def log(self, pod: str, lines: int) -> str:
         return self.core.read_namespaced_pod_log(
-            pod, self.namespace, container=self.kind.container, tail_lines=lines
-        )
+            pod, self.namespace, container=self.kind.container, tail_lines=lines,
+            _request_timeout=REQUEST_TIMEOUT,
+        )  # fmt: skip
 
 
 def create(api: Kubernetes, body: dict) -> None:
@@ -97,12 +106,10 @@ def create(api: Kubernetes, body: dict) -> None:
                 f"{kind.plural}): {reason}. {kind.install_hint}"
             ) from None
         if error.status == 403 and not reason.startswith("admission webhook"):
-            raise TrainingJobFailed(
-                f"The step's service account may not create {kind.plural} in namespace "
-                f"{api.namespace}: {reason}. Apply kubeflow/training-rbac.yaml for it "
-                "(kubeflow/README.md, multi-worker training)"
-            ) from None
+            raise forbidden(api, "create", reason) from None
         hint = ""
+        if error.status == 400 and "unknown field" in reason:  # an older controller's CRD
+            hint = f" {kind.install_hint}"
         if "failed calling webhook" in reason:
             hint = f" The controller's webhook does not answer: {kind.install_hint}"
         if "must be created before the TrainJob is created" in reason:  # Trainer's webhook
@@ -114,6 +121,20 @@ def create(api: Kubernetes, body: dict) -> None:
             f"The API server refused {kind.kind} {body['metadata']['name']} "
             f"({error.status}): {reason}.{hint}"
         ) from None
+
+
+def forbidden(api: Kubernetes, verb: str, reason: str) -> TrainingJobFailed:
+    return TrainingJobFailed(
+        f"The step's service account may not {verb} in namespace {api.namespace}: {reason}. "
+        + RBAC_HINT
+    )
+
+
+def refused(api: Kubernetes, error, doing: str) -> Exception:
+    """What an ApiException of a read means for a person: RBAC, else the error as it is."""
+    if getattr(error, "status", None) == 403:
+        return forbidden(api, doing, _api_message(error))
+    return error
 
 
 def _api_message(error) -> str:
@@ -134,4 +155,4 @@ def get(api: Kubernetes, name: str) -> dict:
                 f"{api.kind.kind} {name} was deleted while it ran (by someone else: the "
                 "step deletes it only when it ends); run the step again"
             ) from None
-        raise
+        raise refused(api, error, f"get {api.kind.plural}") from None

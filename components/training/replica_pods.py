@@ -38,18 +38,24 @@ def replica_counts(pods: list, waiting: dict[str, str]) -> str:
     return ", ".join(counts) or "none yet"
 
 
-def not_started(api: Kubernetes, name: str, seconds: float, waiting: dict, pods: list) -> str:
+def not_started(api: Kubernetes, name: str, seconds: float, waiting: dict, pods: list,
+                missing: int = 0) -> str:  # fmt: skip
     kind = api.kind.kind
     if not pods:
         return (f"{kind} {name} has no pods after {seconds:.0f} s: the controller that makes "
-                f"them does not act on it. {api.kind.install_hint}")  # fmt: skip
-    lines = "\n".join(f"  pod {pod}: {why}" for pod, why in sorted(waiting.items()))
+                f"them does not act on it (`kubectl describe {kind.lower()} {name}` shows its "
+                f"events). {api.kind.install_hint}")  # fmt: skip
+    lines = [f"  pod {pod}: {why}" for pod, why in sorted(waiting.items())]
+    if missing:
+        lines.append(f"  {missing} replica pod(s) not created yet (`kubectl describe "
+                     f"{kind.lower()} {name}` and its Job's events say why)")  # fmt: skip
     return (
-        f"{kind} {name}: {len(waiting)} of {len(pods)} replicas had not started after "
-        f"{seconds:.0f} s (replica_start_timeout_minutes):\n{lines}\nIf a pod is not scheduled, "
-        "the cluster lacks what it asks for (GPUs, the node selector's nodes, tolerated taints): "
-        "add nodes or lower gpu_count; if it cannot start its container, create what it names "
-        "(the credentials Secret, in this namespace)."
+        f"{kind} {name}: {len(waiting) + missing} of {len(pods) + missing} replicas had not "
+        f"started after {seconds:.0f} s (replica_start_timeout_minutes):\n"
+        + "\n".join(lines)
+        + "\nIf a pod is not scheduled, the cluster lacks what it asks for (GPUs, the node "
+        "selector's nodes, tolerated taints): add nodes or lower gpu_count; if it cannot start "
+        "its container, create what it names (the credentials Secret, in this namespace)."
     )
 
 
@@ -79,9 +85,10 @@ def failure(api: Kubernetes, name: str, message: str, pods: list) -> str:
         log = f"(its log cannot be read: {error})"
     return (
         f"{message} Replica {api.kind.replica(pod)} (pod {pod.metadata.name}) "
-        f"{_exit_of(api, pod)}. Its last log lines:\n{log.rstrip()}\nThe Trainer's retry "
-        "policy runs the step again, resuming from the training's backup; if the same error "
-        "comes back, fix what the log names."
+        f"{_exit_of(api, pod)}. Its last log lines:\n{log.rstrip()}\nWhere the backend retries "
+        "a failed Trainer (KFP up to 2.16; on 2.17 only with Argo's retryPolicy changed, "
+        'kubeflow/README.md "Supported versions") the retry resumes from the training\'s '
+        "backup, as does the next run; if the same error comes back, fix what the log names."
     )
 
 

@@ -100,5 +100,9 @@ class TrainJobKind:
         return f"{JOBSET_NAME_LABEL}={name}"
 
     def replica(self, pod) -> str:
-        index = int((pod.metadata.labels or {}).get(INDEX_LABEL, -1))
+        # The label is Kubernetes 1.28+'s; the annotation of the same name is older.
+        known = {**(pod.metadata.annotations or {}), **(pod.metadata.labels or {})}
+        if INDEX_LABEL not in known:
+            return f"pod {pod.metadata.name}"
+        index = int(known[INDEX_LABEL])
         return "chief-0" if index == 0 else f"worker-{index - 1}"

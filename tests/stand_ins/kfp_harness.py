@@ -81,6 +81,11 @@ def _condition_played(condition: str) -> bool:
     return not set(re.findall(r"[A-Za-z_]\w*", rest)) - {"true", "false", "null"}
 
 
+class StillPending(TaskFailed):
+    """A pod that never started (a missing Secret): it never fails, so Argo never retries it;
+    the test gave up waiting."""
+
+
 class Preempted(TaskFailed):
     """The task's pod was deleted with its node (a test's `preempt` hook): not retried."""
 
@@ -327,6 +332,8 @@ class Backend:
         (kfp_versions.py: retry_values_as_parameters, retry_on_error_only; Argo's
         workflow/controller/operator.go processNodeRetries). A preempted pod is an errored node;
         a non-zero exit or an OOM kill a failed one."""
+        if isinstance(failure, StillPending):
+            return None
         errored = isinstance(failure, Preempted)
         if self.version.retry_on_error_only:  # 2.17.0's templateDefaults: every template
             if not errored:
@@ -471,7 +478,7 @@ class Backend:
             if not missing:
                 return environment
             if time.monotonic() > deadline:
-                raise TaskFailed(
+                raise StillPending(
                     f"the pod of task {task} is still Pending after {self.pending_deadline_s:.0f}"
                     f" s: CreateContainerConfigError: {missing}. KFP and Argo never fail such a "
                     "pod: on a cluster the run waits until the Secret exists in namespace "

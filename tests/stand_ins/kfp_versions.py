@@ -5,7 +5,8 @@ argo-workflows release that tag deploys. The harness reads these switches where 
 rule; nothing else of it differs between versions.
 
 Tags: 2.5.0 (Argo v3.5.14), 2.16.1 (Argo v3.7.3; what Kubeflow's Community Distribution
-26.03.1 installs) and 2.17.0 (Argo v4.0.5; the newest tag, July 2026).
+26.03.1 installs) and 2.17.0 (Argo v4.0.5; the newest tag, July 2026). What of the newer
+backends is not played is listed in kubeflow/README.md, "How this is tested without a cluster".
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ class KfpBackend:
     output_file_in_task_root: bool
     # 2.15.0+: each output RuntimeArtifact carries `name: <output key>` (provisionOutputs).
     named_outputs: bool
-    # 2.16.1+: the executor-logs URI ends in `-<retry index>` (executor-logs-0 without retries)
-    # and is uploaded and recorded when the step fails too (component/launcher_v2.go
-    # qualifyExecutorLogsURI, uploadOutputArtifacts; #13175, #13334).
+    # 2.16.1+: the executor-logs URI ends in `-<retry index>` (executor-logs-0 without retries,
+    # component/launcher_v2.go qualifyExecutorLogsURI; #13175, #13334), and since 2.16.0 the
+    # log is uploaded when the step fails too (uploadOutputArtifacts).
     executor_logs_per_retry: bool
     # 2.5.0: a task with a retryPolicy gets templates `<task>-system-container-impl`, so its
     # name must be a DNS-1123 label (compiler/argocompiler/container.go

@@ -21,13 +21,17 @@ follows (kubernetes v1.29 unless named), and where it cannot play a rule it refu
   a scheduled pod whose Secret or key is missing waits in CreateContainerConfigError
   (kubelet kuberuntime_container.go / kubelet_pods.go makeEnvironmentVariables: `secret "<name>"
   not found`, `couldn't find key <key> in Secret <ns>/<name>`) until it appears; a started pod's
-  container is a real process with the env the kubelet gives it, nothing of the test's own; a
+  container is a real process with the env the kubelet gives it (see below for what else); a
   log of a pod not started yet is a 400 (`container "<c>" in pod "<p>" is waiting to start`);
   a pod's DNS name under a headless Service's subdomain, in its env, is answered on loopback
   (`_resolve`).
-Not played: owner-reference garbage collection, resourceVersion and updates (nothing here
-updates an object), watches, RBAC (the requests are recorded for the test to compare with the
-Role the product ships; a namespace other than the kubeconfig's is a 403). Nodes and pods are in
+RBAC, when given (`rbac`): a call the Role does not allow is a 403 with the authorizer's text;
+every call is recorded for the tests to compare with the Role the product ships. Not played:
+owner-reference garbage collection, resourceVersion and updates (nothing here updates an
+object), watches, label selectors beyond one `key=value` (refused), label syntax in
+ObjectMeta, DNS records only for running pods (names resolve from creation). A pod's
+env starts from this test process's, less its credentials and KFP/pipeline variables (the
+replicas run this machine's Python). Nodes and pods are in
 kube_pods.py.
 """
 
@@ -67,8 +71,11 @@ class KubeApi:
     """Serves the API on loopback; `kubeconfig` is the file to point KUBECONFIG at."""
 
     def __init__(self, work: Path, namespace: str, secrets: dict[str, dict[str, str]],
-                 nodes: list[Node] | None = None, schedule_seconds: float = 0.5):  # fmt: skip
+                 nodes: list[Node] | None = None, schedule_seconds: float = 0.5,
+                 rbac: set[tuple[str, str, str]] | None = None):  # fmt: skip
         self.work, self.namespace, self.secrets = work, namespace, secrets
+        # (API group, resource, verb) the service account may use; None: everything.
+        self.rbac = rbac
         self.nodes = default_nodes() if nodes is None else nodes
         self.schedule_seconds = schedule_seconds
         self.resources: list[Resource] = []
@@ -322,6 +329,19 @@ class KubeApi:
 
     # -- for tests -------------------------------------------------------------------------
 
+    def authorize(self, group: str, resource: str, verb: str, namespace: str | None) -> None:
+        """RBAC's refusal (apiserver pkg/endpoints/filters/authorization.go, the message of
+        k8s.io/apiserver pkg/endpoints/handlers/responsewriters forbidden)."""
+        if self.rbac is None or (group, resource, verb) in self.rbac:
+            return
+        user = f"system:serviceaccount:{self.namespace}:pipeline-runner"
+        what, _, sub = resource.partition("/")
+        qualified = f"{what}.{group}" if group else what
+        raise ApiError(403, "Forbidden", f'{qualified}{"/" + sub if sub else ""} is forbidden: '
+                       f'User "{user}" cannot {verb} resource "{what}"'
+                       + (f' in API group "{group}"' if group else ' in API group ""')
+                       + f' in the namespace "{namespace}"')  # fmt: skip
+
     def objects_of(self, plural: str) -> list[dict]:
         with self.lock:
             return [o for (p, _), o in self.objects.items() if p == plural]
@@ -329,6 +349,16 @@ class KubeApi:
     def pod(self, name: str) -> Pod | None:
         with self.lock:
             return self.pods.get(name)
+
+
+def _selector(query: dict) -> tuple[str, str]:
+    """One `key=value` label selector, the only kind played; any other is refused."""
+    selector = query.get("labelSelector", "")
+    key, equals, value = selector.partition("=")
+    if selector and (not equals or "," in selector or value.startswith("=") or "!" in key):
+        raise ApiError(400, "BadRequest", f"the stand-in plays only a `key=value` label "
+                       f"selector, not {selector!r}")  # fmt: skip
+    return key, value
 
 
 def _handler(api: KubeApi):
@@ -377,6 +407,7 @@ def _handler(api: KubeApi):
             verb = {"POST": "create", "DELETE": "delete"}.get(method, "get")
             verb = "list" if verb == "get" and name is None else verb
             api.requests.add((group, plural, verb))
+            api.authorize(group, plural, verb, namespace)
             if resource is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             if resource.namespaced and namespace != api.namespace:
@@ -389,7 +420,7 @@ def _handler(api: KubeApi):
                     stored = api.objects[resource.plural, body["metadata"]["name"]]
                 return self._reply(201, stored, warnings=warnings)
             if method == "GET" and name is None:
-                key, _, value = query.get("labelSelector", "").partition("=")
+                key, value = _selector(query)
                 with api.lock:
                     items = [
                         resource.on_get(o)
@@ -416,12 +447,13 @@ def _handler(api: KubeApi):
         def _pods(self, namespace: str, pod: str | None, query: dict):
             log = pod is not None
             api.requests.add(("", "pods/log" if log else "pods", "get" if log else "list"))
+            api.authorize("", "pods/log" if log else "pods", "get" if log else "list", namespace)
             if namespace != api.namespace:
                 raise ApiError(
                     403, "Forbidden", f'pods is forbidden in the namespace "{namespace}"'
                 )
             if pod is None:
-                key, _, value = query.get("labelSelector", "").partition("=")
+                key, value = _selector(query)
                 with api.lock:
                     items = [p.as_json() for p in api.pods.values()
                              if not p.deleted and p.labels.get(key) == value]  # fmt: skip

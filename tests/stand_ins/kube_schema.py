@@ -129,6 +129,33 @@ def values_at(body, path: str) -> list:
     return values
 
 
+def duplicate_keys(value, schema: dict, path: str = "") -> list[str]:
+    """Lists whose schema says `x-kubernetes-list-type: map` (or `set`) may not repeat a key
+    (apiextensions-apiserver pkg/apiserver/validation: "Duplicate value")."""
+    found = []
+    if isinstance(value, list) and isinstance(schema, dict):
+        kind = schema.get("x-kubernetes-list-type")
+        if kind in ("map", "set"):
+            keys = schema.get("x-kubernetes-list-map-keys", [])
+            seen = set()
+            for index, item in enumerate(value):
+                key = (json.dumps([item.get(k) for k in keys]) if kind == "map"
+                       else json.dumps(item, sort_keys=True))  # fmt: skip
+                if key in seen:
+                    found.append(f"{path}[{index}]: Duplicate value: {key}")
+                seen.add(key)
+        if isinstance(schema.get("items"), dict):
+            for index, item in enumerate(value):
+                found += duplicate_keys(item, schema["items"], f"{path}[{index}]")
+    elif isinstance(value, dict) and isinstance(schema, dict):
+        properties = schema.get("properties") or {}
+        for key, item in value.items():
+            sub = properties.get(key, schema.get("additionalProperties"))
+            if isinstance(sub, dict):
+                found += duplicate_keys(item, sub, f"{path}.{key}")
+    return found
+
+
 @dataclass
 class Resource:
     """A served kind: its CRD's schema, the CEL rules the stand-in can play (rule text ->
@@ -172,4 +199,4 @@ class Resource:
                     errors.append(
                         f"{path or '<root>'}: Invalid value: {entry.get('message', rule)}"
                     )
-        return errors
+        return errors + duplicate_keys(body, self.schema)

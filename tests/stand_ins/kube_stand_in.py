@@ -28,7 +28,9 @@ class KubeStandIn(KubeApi):
     its validating webhook, failurePolicy Fail) does not answer: creating its jobs fails with
     the API server's 500 "failed calling webhook"; `without_pods`, jobs admitted but never given
     pods (a TrainJob whose JobSet cannot be applied, which Trainer reports only as an event,
-    trainjob_controller.go; an operator that admits but does not reconcile)."""
+    trainjob_controller.go; an operator that admits but does not reconcile). `rbac`: the
+    (group, resource, verb) the service account may use, every other call refused with RBAC's
+    403; None allows everything (and records the calls in `requests`)."""
 
     def __init__(
         self,
@@ -40,8 +42,9 @@ class KubeStandIn(KubeApi):
         operators: tuple[str, ...] = ("trainjob", "tfjob"),
         webhook_down: tuple[str, ...] = (),
         without_pods: tuple[str, ...] = (),
+        rbac: set[tuple[str, str, str]] | None = None,
     ):
-        super().__init__(work, namespace, secrets, nodes, schedule_seconds)
+        super().__init__(work, namespace, secrets, nodes, schedule_seconds, rbac)
         self.tfjobs = TFJobOperator(self) if "tfjob" in operators else None
         self.trainer = TrainerV2(self) if "trainjob" in operators else None
         controllers = {"tfjob": self.tfjobs, "trainjob": self.trainer}

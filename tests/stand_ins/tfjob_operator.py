@@ -54,6 +54,11 @@ def webhook(body: dict) -> list[str]:
             errors.append(f"spec.tfReplicaSpecs[{kind}]: no container named {tfjob.CONTAINER}")
     if sum(kind in ("Chief", "Master") for kind in specs) > 1:
         errors.append("spec.tfReplicaSpecs: more than one Chief or Master")
+    # What the stand-in plays, refused otherwise rather than played as something else.
+    if body.get("spec", {}).get("runPolicy", {}).get("cleanPodPolicy", "Running") != "Running":
+        errors.append("the stand-in plays only cleanPodPolicy Running")
+    if any(spec.get("restartPolicy", "Never") != "Never" for spec in specs.values()):
+        errors.append("the stand-in plays only restartPolicy Never")
     return errors
 
 

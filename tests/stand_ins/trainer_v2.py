@@ -123,9 +123,18 @@ def _not_played_runtime(body: dict) -> list[str]:
             why.append("a Job backoffLimit other than 0")
         if job_spec.get("activeDeadlineSeconds") is not None:
             why.append("a Job activeDeadlineSeconds")
+        for unplayed in ("parallelism", "completions", "podFailurePolicy", "successPolicy"):
+            if unplayed in job_spec:
+                why.append(f"a Job {unplayed}")
+        if job_spec.get("template", {}).get("spec", {}).get("initContainers"):
+            why.append("init containers")
         # JobSet's webhook defaults an empty restartPolicy to OnFailure (jobset_webhook.go).
         if job_spec.get("template", {}).get("spec", {}).get("restartPolicy") != "Never":
             why.append("a restartPolicy other than Never")
+    # A network (subdomain, enableDNSHostnames false) changes the pods' DNS names, which the
+    # stand-in's DNS and the product's replica addresses take as `<pod>.<TrainJob name>`.
+    if spec.get("template", {}).get("spec", {}).get("network"):
+        why.append("a JobSet network")
     return [f"the stand-in cannot play a runtime with {w}, so it refuses it" for w in why]
 
 

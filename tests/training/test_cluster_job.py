@@ -109,7 +109,7 @@ def test_a_failed_replica_fails_the_step_with_its_exit_and_log(step):
     assert expected[step.kind.kind] in message
     assert "Replica worker-0 (pod trainer-" in message and "exited with code 137" in message
     assert "components.training.loop: Training: strategy=" in message  # its last log lines
-    assert "retry policy runs the step again" in message
+    assert "the retry resumes from the training's backup, as does the next run" in message
     assert len(stand_in.deleted) == 1 and not stand_in.objects_of(step.kind.plural)
     assert not replica_processes() and not staging_left(step)
     assert not os.listdir(step.outputs["model"][0].uri)  # nothing half-written for the launcher
@@ -204,7 +204,7 @@ def test_a_job_past_its_deadline_fails_the_step_naming_the_deadline(step):
     body = step.kind.manifest("trainer-late", NAMESPACE, step.settings, 2, ["sleep", "600"], None,
                               2, "s")  # fmt: skip
     kube_client.create(api, body)
-    timeouts = cluster_job.Timeouts(start=60, finish=600)
+    timeouts = cluster_job.Timeouts(start=60, finish=600, replicas=2)
     with pytest.raises(cluster_job.TrainingJobFailed) as failure:
         cluster_job._wait(api, "trainer-late", 0.2, timeouts)
     expected = {
@@ -279,3 +279,31 @@ def test_a_trainjob_without_the_runtime_is_refused_naming_the_file_to_apply(
                "kubeflow/trainjob-runtime.yaml", within=10)  # fmt: skip
     finally:
         made.stand_in.close()
+
+
+def test_a_service_account_without_the_role_fails_the_step_naming_the_file(
+    transformed, object_store, tmp_path, monkeypatch
+):
+    """The stand-in refuses, as RBAC does, every call kubeflow/training-rbac.yaml does not allow;
+    with the Role's pod listing left out, the step names the file to apply."""
+    for kind, missing in (("trainjob", ("trainer.kubeflow.org", "trainjobs", "list")),
+                          ("tfjob", ("", "pods", "list"))):  # fmt: skip
+        made = make_step(kind, transformed, object_store, tmp_path / kind, monkeypatch,
+                         rbac=allowed_requests() - {missing})  # fmt: skip
+        made.kind = KINDS[kind]()
+        try:
+            _fails(made, "(kubeflow/README.md, multi-worker training)",
+                   "Apply kubeflow/training-rbac.yaml", "is forbidden", within=30)  # fmt: skip
+        finally:
+            made.stand_in.close()
+
+
+def test_a_job_its_controller_never_ends_fails_at_the_steps_own_finish_timeout(step):
+    api = _api(step)
+    body = step.kind.manifest("trainer-stuck", NAMESPACE, step.settings, 2, ["sleep", "600"],
+                              None, 600, "s")  # fmt: skip
+    kube_client.create(api, body)
+    timeouts = cluster_job.Timeouts(start=60, finish=3, replicas=2)
+    with pytest.raises(cluster_job.TrainingJobFailed, match="has not ended after [3-9] s, past "
+                       "its own deadline"):  # fmt: skip
+        cluster_job._wait(api, "trainer-stuck", 0.2, timeouts)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from components.base.config import SECRET_KEYS, PipelineConfig
-from components.training import replica, trainjob
+from components.training import cluster_job, replica, trainjob
 from components.training.cluster_job import replica_command
 from components.training.trainjob import TrainJobKind
 from pipelines.pipeline import cluster_job_settings
@@ -116,6 +116,8 @@ def test_each_replica_builds_tf_config_from_its_index(api):
         (lambda b: b["spec"]["trainer"].update(resourcePerNode={}), 400,
          'strict decoding error: unknown field "spec.trainer.resourcePerNode"'),
         (lambda b: b["spec"]["trainer"].update(numNodes="3"), 422, "not of type 'integer'"),
+        (lambda b: b["spec"]["trainer"]["env"].append(b["spec"]["trainer"]["env"][0]), 422,
+         'Duplicate value: ["TFX_REPLICA_HOSTS"]'),  # a list-map key twice
         (lambda b: b["metadata"].update(name="Trainer-1"), 422,
          "metadata.name must match RFC 1035 DNS label format"),
         (lambda b: b["spec"].update(managedBy="someone"), 422, "ManagedBy must be"),
@@ -167,18 +169,6 @@ def test_a_name_too_long_for_jobset_gets_no_pods(api):
     api.create(api.trainer.trainjobs, _manifest(name), NAMESPACE, "Strict")
     time.sleep(0.1)
     assert not api.pods and "JobSet name is too long" in api.trainer.events[-1]
-    assert (
-        len(
-            trainjob.TrainJobKind().manifest(
-                "trainer-" + "a" * 12,
-                NAMESPACE,
-                cluster_job_settings(PipelineConfig(num_workers=64)),
-                64,
-                [],
-                None,
-                60,
-                "s",
-            )["metadata"]["name"]
-        )
-        <= 47
-    )  # fmt: skip  (ours: 20 characters, 64 replicas fit)
+    # The product's names leave room: JobSet's pod-name rule at the most replicas allowed.
+    name = cluster_job.job_name("a-pod-uid")
+    assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", f"{name}-node-0-63-abcde")

@@ -17,6 +17,8 @@ import time
 import pytest
 
 from components.base import storage
+from components.base.config import PipelineConfig
+from pipelines.kubeflow import kubeflow_runner
 from tests.stand_ins import kfp_harness
 from tests.stand_ins.kfp_harness import TaskFailed, UnsupportedByKubeflow
 from tests.stand_ins.kfp_versions import NEWEST, V2_5_0, V2_16_1, V2_17_0, VERSIONS
@@ -551,3 +553,18 @@ def test_2_17_downloads_an_artifact_without_its_neighbours(each_backend):
     log = run.tasks["consumer"].log_path.read_text()
     exact = each_backend.version.download_exact_prefix
     assert f"neighbour {not exact}" in log
+
+
+@pytest.mark.parametrize("version", [V2_5_0, V2_16_1], ids=["2.5.0", "2.16.1"])
+def test_the_trainers_compiled_retry_policy_retries_a_killed_pod(version, object_store, tmp_path):
+    """The policy the compiler gives the Trainer (kubeflow_runner.trainer_retry_policy), on the
+    versions whose Argo retries a failed pod: the killed attempt is retried after 30 s."""
+    backend = make_backend(object_store, tmp_path, version)
+    slow = {"script": "import time; time.sleep(20); write('out', 'x')", "outputs": ["out"]}
+    spec = spec_of({"producer": slow})
+    policy = kubeflow_runner.trainer_retry_policy(PipelineConfig(max_train_minutes=7 * 24 * 60))
+    spec["root"]["dag"]["tasks"]["producer"]["retryPolicy"] = policy
+    backend.interrupt["producer"] = lambda: True
+    run = backend.run(spec, PLATFORM, {})
+    assert run.tasks["producer"].state == "executed"
+    assert backend.retry_waits == [("producer", 30)]

@@ -24,6 +24,7 @@ from components.base.config import (
     RUN_PARAMETER_HELP,
     RUN_PARAMETERS,
     SECRET_KEYS,
+    ConfigError,
     PipelineConfig,
     spec_path,
 )
@@ -31,6 +32,7 @@ from components.base.registry import complete_versions as pushed_versions
 from components.base.registry import versions_dir as serving_model_dir
 from components.steps.auc_text import accuracy_of
 from components.steps.evaluation import ROC_THRESHOLDS, VERDICT_FILE
+from components.training.cluster_job import deadline_seconds
 from pipelines import data
 from pipelines.kubeflow import kubeflow_runner
 from tests.stand_ins import kfp_harness
@@ -436,14 +438,16 @@ def test_trainer_task_carries_the_retry_policy_argo_needs(documents, spec_config
     tasks = spec["root"]["dag"]["tasks"]
     policy = tasks["trainer"]["retryPolicy"]
     # KFP 2.14+ reads an unset backoffMaxDuration as 0 (no retry at all) and parses the factor
-    # as an integer (tests/stand_ins/kfp_versions.py retry_values_as_parameters).
-    attempt_s = int(spec_config.max_train_minutes * 60) + 3600
-    assert policy == {
-        "maxRetryCount": spec_config.trainer_retries,
-        "backoffDuration": "30s",
-        "backoffFactor": 2,
-        "backoffMaxDuration": f"{(spec_config.trainer_retries + 1) * attempt_s}s",
-    }
+    # as an integer (tests/stand_ins/kfp_versions.py retry_values_as_parameters); the duration
+    # counts from the first attempt and must outlast every attempt of the longest training a
+    # run may ask for (max_train_minutes is a run parameter, bounded by the config's check).
+    assert isinstance(policy["backoffFactor"], int) and policy["backoffDuration"] == "30s"
+    assert policy["maxRetryCount"] == spec_config.trainer_retries
+    with pytest.raises(ConfigError):
+        PipelineConfig(max_train_minutes=7 * 24 * 60 + 1)
+    longest_attempt_s = deadline_seconds(7 * 24 * 60) + 3600  # + start-up and export
+    attempts = spec_config.trainer_retries + 1
+    assert int(policy["backoffMaxDuration"].rstrip("s")) >= attempts * longest_attempt_s
     assert [name for name, task in tasks.items() if "retryPolicy" in task] == ["trainer"]
     five = kubeflow_runner.trainer_retry_policy(PipelineConfig(trainer_retries=5))
-    assert five == {**policy, "maxRetryCount": 5, "backoffMaxDuration": f"{6 * attempt_s}s"}
+    assert int(five["backoffMaxDuration"].rstrip("s")) >= 6 * longest_attempt_s
