@@ -213,6 +213,7 @@ def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
     kind = api.kind.kind
     started, reported, last = time.monotonic(), 0.0, None
     waiting_since: dict[str, float] = {}
+    missing_since: float | None = None
     ever_running = False
     while True:
         job, pods = _observe(api, name, timeouts)
@@ -223,8 +224,10 @@ def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
         now = time.monotonic()
         missing = max(0, timeouts.replicas - len(pods))
         waiting_since = {n: waiting_since.get(n, now) for n in waiting}
-        if missing:  # not made yet: timed from the start, then from the last pod's arrival
-            waiting_since.setdefault("", started)
+        # Pods not made yet (at the start, or a replacement): timed from when first missed.
+        missing_since = (missing_since or now) if missing else None
+        if missing_since is not None:
+            waiting_since[""] = missing_since
         ever_running = ever_running or (bool(pods) and not waiting and not missing)
         shown = "Running" if state.phase == "Pending" and ever_running else state.phase
         if (shown, tuple(waiting)) != last or now - reported >= report_seconds:
