@@ -233,10 +233,12 @@ class EmbeddedObjectStore:
             weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.data_dir}",
             f"-master.port={master_port}", f"-volume.port={volume_port}", "-filer",
             f"-filer.port={filer_port}", "-s3", f"-s3.port={s3_port}", "-s3.port.iceberg=0",
-            "-s3.port.lance=0", "-volume.max=1000", "-master.volumeSizeLimitMB=256",
+            "-s3.port.lance=0", "-volume.max=4000", "-master.volumeSizeLimitMB=256",
         ]  # fmt: skip
         # Each bucket takes 7 volumes at its first write (SeaweedFS's default growth), and volumes
-        # are sparse files: at 100 the 15th bucket failed every write with "no free volumes".
+        # are sparse files: at 100 the 15th bucket failed every write with "no free volumes", and
+        # at 1000 the 143rd (a test session's stores make about 160 buckets; InternalError on
+        # PutObject).
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log_offset = log.tell()
