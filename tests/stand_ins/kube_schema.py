@@ -17,6 +17,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+# k8s.io/apimachinery pkg/util/validation IsDNS1035Label (a name Kubernetes uses for pods, Jobs).
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # ObjectMeta's fields (k8s.io/apimachinery pkg/apis/meta/v1/types.go): a CRD's schema says only
 # `metadata: {type: object}`, the API server knows the rest.
 OBJECT_META = {

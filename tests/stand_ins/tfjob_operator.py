@@ -26,24 +26,22 @@ What it plays, each rule from the source it follows (kubeflow/training-operator 
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
 from components.training import local_workers, tfjob
 from tests.stand_ins.kube_api import KubeApi
 from tests.stand_ins.kube_pods import now_text
-from tests.stand_ins.kube_schema import Resource
+from tests.stand_ins.kube_schema import DNS_1035, Resource
 
 CRD_PATH = Path(__file__).parent / "crds" / "kubeflow.org_tfjobs.yaml"  # v1.8.1, verbatim
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def webhook(body: dict) -> list[str]:
     """tfjob_webhook.go validateTFJob."""
     errors = []
     name = body.get("metadata", {}).get("name", "")
-    if not _DNS_1035.match(name):
+    if not DNS_1035.match(name):
         errors.append(f"metadata.name: {name!r} is not a DNS-1035 label")
     specs = body.get("spec", {}).get("tfReplicaSpecs") or {}
     for kind, spec in specs.items():

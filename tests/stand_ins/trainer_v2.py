@@ -50,12 +50,11 @@ from pathlib import Path
 
 from tests.stand_ins.kube_api import KubeApi
 from tests.stand_ins.kube_pods import now_text
-from tests.stand_ins.kube_schema import Resource
+from tests.stand_ins.kube_schema import DNS_1035, Resource
 
 CRDS = Path(__file__).parent / "crds"
 GROUP = "trainer.kubeflow.org"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DOMAIN_PATH = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)+[a-z]{2,}/[-A-Za-z0-9_.]+$")
 _FRAMEWORKS = ("torch", "mpi", "jax", "xgboost", "flux")
 _PATCHABLE_POD = {"nodeSelector", "tolerations", "serviceAccountName"}
@@ -248,7 +247,7 @@ class TrainerV2:
         self.pods[name], self.started[name] = [], time.monotonic()
         if not self.make_pods:
             return
-        if not _DNS_1035.match(job_name) or not _DNS_1035.match(f"{job_name}-{count - 1}-abcde"):
+        if not DNS_1035.match(job_name) or not DNS_1035.match(f"{job_name}-{count - 1}-abcde"):
             # JobSet's webhook refuses the JobSet; Trainer only records an event.
             self.events.append(
                 "TrainJobResourcesCreationFailed: JobSet name is too long, pod "
