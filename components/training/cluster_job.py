@@ -20,10 +20,11 @@ the same for both:
 - a failed replica fails the step with its exit and last log lines; the Trainer task's
   retryPolicy then runs the step again, and its new job resumes from the training's backup
   (components/training/checkpoints.py);
-- a job is not left behind: the step deletes it on every exit it sees (SIGTERM included); a step
-  killed outright cannot, so each attempt first deletes the jobs of the step's earlier attempts
-  (STEP_LABEL), and the owner reference to the step's pod has Kubernetes delete it once that pod
-  is deleted (a preempted node, the run deleted).
+- a job is not left behind: the step deletes it on every exit it sees (SIGTERM, when the step
+  outlives the launcher long enough); a step killed outright cannot, so its replicas stop once
+  its heartbeat stops (components/training/heartbeat.py), each attempt first deletes the jobs
+  of the step's earlier attempts (STEP_LABEL), and the owner reference to the step's pod has
+  Kubernetes delete the job once that pod is deleted.
 """
 
 from __future__ import annotations
@@ -39,12 +40,15 @@ from dataclasses import dataclass
 
 from components.base import storage
 from components.training import checkpoints, kube_client, local_workers, replica_pods
+from components.training.heartbeat import Heartbeat
 from components.training.job_kind import STEP_LABEL, JobKind, TrainingJobFailed
 from components.training.kube_client import Kubernetes
 
 STAGING_FOLDER = "_training_jobs"  # under <pipeline root>/<pipeline name>/
 REPLICA_MODULE = "components.training.replica"
 FINISH_MARGIN_SECONDS = 300  # past the job's own deadline, the operator should have ended it
+HEARTBEAT_SECONDS = 60  # how often the waiting step rewrites its heartbeat
+HEARTBEAT_TIMEOUT_SECONDS = 900  # replicas stop once it has not changed for this long
 
 _log = logging.getLogger(__name__)
 
@@ -66,11 +70,13 @@ def pod_owner() -> dict | None:
     return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
 
 
-def deadline_seconds(max_train_minutes: float) -> int:
-    """A backstop only: run_fn stops training on its budget; set-up, data download and export
-    come on top, so the job gets the budget plus a quarter of it, at least 30 minutes."""
+def deadline_seconds(max_train_minutes: float, start_timeout_minutes: float) -> int:
+    """A backstop only: run_fn stops training on its budget, which starts when a replica does.
+    The controllers count the deadline from the job's creation (Trainer v2.2
+    trainjob_controller.go reconcileDeadline), so the time replicas may wait to start comes on
+    top, and set-up, data download and export a quarter of the budget, at least 30 minutes."""
     budget = max_train_minutes * 60
-    return int(budget + max(1800, budget / 4))
+    return int(start_timeout_minutes * 60 + budget + max(1800, budget / 4))
 
 
 def replica_command(job_uri: str) -> list[str]:
@@ -95,15 +101,18 @@ def run(
     remote_outputs = local_workers.with_uris(
         output_dict, lambda key, index, _: storage.join(staging, "outputs", key, str(index))
     )
+    heartbeat = Heartbeat(storage.join(staging, "heartbeat"), HEARTBEAT_SECONDS)
     job = {
         "inputs": artifact_utils.jsonify_artifact_dict(_remote_inputs(input_dict)),
         "outputs": artifact_utils.jsonify_artifact_dict(remote_outputs),
         "exec_properties": exec_properties,
+        "heartbeat": {"uri": heartbeat.uri, "timeout_seconds": HEARTBEAT_TIMEOUT_SECONDS},
     }
     step = _step_id(output_dict)
     api = kubernetes or Kubernetes(kind)
     job_uri = storage.join(staging, "job.json")
-    deadline = deadline_seconds(float(custom_config["max_train_minutes"]))
+    deadline = deadline_seconds(float(custom_config["max_train_minutes"]),
+                                float(settings["start_timeout_minutes"]))  # fmt: skip
     body = kind.manifest(name, api.namespace, settings, workers, replica_command(job_uri),
                          pod_owner(), deadline, step)  # fmt: skip
     timeouts = Timeouts(start=float(settings["start_timeout_minutes"]) * 60,
@@ -117,11 +126,17 @@ def run(
         max_age = float(custom_config.get("checkpoint_max_age_hours", 72))
         checkpoints.remove_abandoned(staging_root, max_age, keep=name, what="job staging folder")
         storage.write_bytes(job_uri, json.dumps(job).encode())
-        kube_client.create(api, body)
+        heartbeat.beat()
+        # Set before the call: a job whose answer is lost (a timeout, SIGTERM) is deleted too.
         created = True
+        try:
+            kube_client.create(api, body)
+        except TrainingJobFailed:  # the API server's refusal: nothing was created
+            created = False
+            raise
         _log.info("Created %s %s/%s: %d replicas, image %s, %s GPU(s) each", kind.kind,
                   api.namespace, name, workers, settings["image"], settings["gpus"])  # fmt: skip
-        _wait(api, name, poll_seconds, timeouts)
+        _wait(api, name, poll_seconds, timeouts, heartbeat)
         for key, artifacts in output_dict.items():
             for local, remote in zip(artifacts, remote_outputs[key], strict=True):
                 copied = storage.copy_tree(remote.uri, local.uri)
@@ -205,7 +220,7 @@ def _remote_inputs(input_dict) -> dict:
 
 
 def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
-          report_seconds: float = 30) -> None:  # fmt: skip
+          heartbeat: Heartbeat | None = None, report_seconds: float = 30) -> None:  # fmt: skip
     """Polls the job until it succeeds or fails; logs its state, its replicas and the chief's
     latest log line when the state changes and every `report_seconds`. Each replica is timed
     from when it is first seen waiting (or missing), so a pod that comes later (a replacement)
@@ -216,6 +231,8 @@ def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
     missing_since: float | None = None
     ever_running = False
     while True:
+        if heartbeat:
+            heartbeat.beat()
         job, pods = _observe(api, name, timeouts)
         state = api.kind.state(job)
         waiting = {

@@ -5,7 +5,7 @@ what every replica's pod and job gets."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from components.base.errors import ActionableError
@@ -57,14 +57,23 @@ class JobKind(Protocol):
         ...
 
 
+# What Pod Security's "restricted" profile asks of every pod (a Kubeflow profile namespace may
+# enforce it; KFP 2.16+ gives its own step pods the same): the image runs as a numeric non-root
+# user (kubeflow/Dockerfile: USER 1000:1000), which is how the kubelet checks runAsNonRoot.
+POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 @dataclass
 class ReplicaPod:
     """What every replica's pod gets, whichever the job: what the single-pod Trainer gets
-    (pipelines/kubeflow/kubeflow_runner.py)."""
+    (pipelines/kubeflow/kubeflow_runner.py), and the restricted profile's security context."""
 
     resources: dict  # limits and the same requests: CPU, memory, GPUs
     placement: dict  # pod spec fields: the GPU node selector and toleration (none without GPUs)
     env: list[dict]  # the credentials Secret's keys
+    security: dict = field(default_factory=lambda: dict(POD_SECURITY))  # the pod's
+    container_security: dict = field(default_factory=lambda: dict(CONTAINER_SECURITY))
 
 
 def replica_pod(settings: dict) -> ReplicaPod:

@@ -14,6 +14,8 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 # (connect, read) seconds for every call: a half-open connection must not outlast the step's
 # own timeouts, which are checked between calls.
 REQUEST_TIMEOUT = (10, 60)
+# Fields the product uses that an older controller's CRD lacks (Trainer v2.1: both).
+NEWER = ("activeDeadlineSeconds", "runtimePatches")
 RBAC_HINT = "Apply kubeflow/training-rbac.yaml for it (kubeflow/README.md, multi-worker training)"
 
 
@@ -33,8 +35,13 @@ class Kubernetes:
             config.load_kube_config(config_file=kubeconfig)
             _, context = config.list_kube_config_contexts(config_file=kubeconfig)
             self.namespace = context["context"].get("namespace", "default")
-        self.custom = client.CustomObjectsApi()
-        self.core = client.CoreV1Api()
+        # No urllib3 retries (its default is 3): each would wait REQUEST_TIMEOUT again, and the
+        # step's own loop (cluster_job._observe) decides how long failing calls are tolerated.
+        configuration = client.Configuration.get_default_copy()
+        configuration.retries = False
+        api_client = client.ApiClient(configuration)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
 
     def _path(self, name: str = "") -> str:
         k = self.kind
@@ -108,8 +115,8 @@ def create(api: Kubernetes, body: dict) -> None:
         if error.status == 403 and not reason.startswith("admission webhook"):
             raise forbidden(api, "create", reason) from None
         hint = ""
-        if error.status == 400 and "unknown field" in reason:  # an older controller's CRD
-            hint = f" {kind.install_hint}"
+        if error.status == 400 and any(f'unknown field "spec.{f}"' in reason for f in NEWER):
+            hint = f" {kind.install_hint}"  # an older controller's CRD
         if "failed calling webhook" in reason:
             hint = f" The controller's webhook does not answer: {kind.install_hint}"
         if "must be created before the TrainJob is created" in reason:  # Trainer's webhook

@@ -52,12 +52,15 @@ def main(job_uri: str) -> None:
     from tfx.types import artifact_utils
 
     from components.base import storage
+    from components.training import heartbeat
     from components.training.local_workers import run_executor
 
     os.environ["TF_CONFIG"] = tf_config(os.environ)
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     is_chief = task["type"] == "chief"
     job = json.loads(storage.read_bytes(job_uri))
+    if "heartbeat" in job:  # stop when the step that waits for this job is gone
+        heartbeat.watch(job["heartbeat"]["uri"], float(job["heartbeat"]["timeout_seconds"]))
     work = Path(tempfile.mkdtemp(prefix="replica-"))
     try:
         started = time.monotonic()

@@ -6,6 +6,11 @@ from __future__ import annotations
 from components.training.kube_client import Kubernetes
 
 LOG_LINES = 20
+IMAGE_PULL_HINT = (
+    " If the image cannot be pulled (ErrImagePull, ImagePullBackOff), check gpu_image's tag; "
+    "for a private registry the replicas pull with the namespace's `default` ServiceAccount, "
+    "which needs the pull secret too (kubeflow/README.md, section 1)."
+)
 
 
 def is_waiting(pod) -> bool:
@@ -42,9 +47,11 @@ def not_started(api: Kubernetes, name: str, seconds: float, waiting: dict, pods:
                 missing: int = 0) -> str:  # fmt: skip
     kind = api.kind.kind
     if not pods:
-        return (f"{kind} {name} has no pods after {seconds:.0f} s: the controller that makes "
+        return (f"{kind} {name} has no pods after {seconds:.0f} s. Either the namespace "
+                "refuses them (Pod Security admission, a ResourceQuota: `kubectl get events "
+                "--field-selector reason=FailedCreate` says which), or the controller that makes "
                 f"them does not act on it (`kubectl describe {kind.lower()} {name}` shows its "
-                f"events). {api.kind.install_hint}")  # fmt: skip
+                f"events): {api.kind.install_hint}")  # fmt: skip
     lines = [f"  pod {pod}: {why}" for pod, why in sorted(waiting.items())]
     if missing:
         lines.append(f"  {missing} replica pod(s) not created yet (`kubectl describe "
@@ -56,6 +63,7 @@ def not_started(api: Kubernetes, name: str, seconds: float, waiting: dict, pods:
         + "\nIf a pod is not scheduled, the cluster lacks what it asks for (GPUs, the node "
         "selector's nodes, tolerated taints): add nodes or lower gpu_count; if it cannot start "
         "its container, create what it names (the credentials Secret, in this namespace)."
+        + (IMAGE_PULL_HINT if any("Image" in why for why in waiting.values()) else "")
     )
 
 
@@ -72,7 +80,12 @@ def chief_line(api: Kubernetes, pods: list) -> str:
 
 def failure(api: Kubernetes, name: str, message: str, pods: list) -> str:
     """The controller's message, then the first failed replica's exit and last log lines."""
-    failed = [p for p in pods if p.status and p.status.phase == "Failed"]
+    # A pod being deleted (the controller stopping the others, a deadline) ends as Failed with
+    # 143 too: it did not cause the failure, nor does any pod when the deadline did.
+    failed = [p for p in pods if p.status and p.status.phase == "Failed"
+              and not p.metadata.deletion_timestamp]  # fmt: skip
+    if "DeadlineExceeded" in message:
+        failed = []
     if not failed:
         return (f"{message} No replica failed: the job hit its deadline or was stopped; see "
                 f"`kubectl describe {api.kind.kind.lower()} {name}` while it exists")  # fmt: skip

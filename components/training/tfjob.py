@@ -22,11 +22,12 @@ REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
 
 def pod_template(settings: dict, command: list[str], container: dict) -> dict:
-    """The replicas' pod: the Trainer's image, resources, GPU nodes and credentials."""
+    """The replicas' pod: the Trainer's image, resources, GPU nodes, credentials and security
+    context."""
     pod = replica_pod(settings)
-    spec = dict(pod.placement, containers=[{
+    spec = dict(pod.placement, securityContext=pod.security, containers=[{
         **container, "image": settings["image"], "command": command, "env": pod.env,
-        "resources": pod.resources,
+        "resources": pod.resources, "securityContext": pod.container_security,
     }])  # fmt: skip
     # Istio's sidecar (injected in Kubeflow profile namespaces) would keep a finished replica's
     # pod Running, so the controller would never see the chief succeed; KFP's own pods opt out.

@@ -5,8 +5,8 @@ Trainer ships no TensorFlow runtime (kubeflow/trainer#2699); this project ships 
 kubeflow/trainjob-runtime.yaml: a ClusterTrainingRuntime whose replicated job `node` runs the
 container `node` with restartPolicy Never and backoffLimit 0. The TrainJob puts the Trainer's
 image, command, resources and the number of replicas in `spec.trainer`, and the GPU node
-selector and tolerations in a runtime patch. What each pod gets (Trainer v2.2.0 and JobSet
-v0.11.1 sources):
+selector, tolerations and security context (job_kind.POD_SECURITY) in a runtime patch. What each
+pod gets (Trainer v2.2.0 and JobSet v0.11 sources):
 
 - the TrainJob's JobSet has the TrainJob's name; its one Job `<name>-node-0` is Indexed with
   parallelism = completions = numNodes (pkg/runtime/framework/plugins/jobset/jobset.go Build,
@@ -74,14 +74,19 @@ class TrainJobKind:
                 "resourcesPerNode": pod.resources,
             },  # fmt: skip
         }
-        if pod.placement:
-            pod_template = {"spec": {"template": {"spec": pod.placement}}}
-            spec["runtimePatches"] = [{
-                "manager": PATCH_MANAGER,
-                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                    {"name": REPLICATED_JOB, "template": pod_template},
-                ]}}},
-            }]  # fmt: skip
+        # spec.trainer has no placement or security context: a runtime patch sets them (Trainer
+        # merges it into the runtime's pod template, trainingruntime.go mergeRuntimePatches).
+        pod_patch = {
+            **pod.placement,
+            "securityContext": pod.security,
+            "containers": [{"name": CONTAINER, "securityContext": pod.container_security}],
+        }
+        spec["runtimePatches"] = [{
+            "manager": PATCH_MANAGER,
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+                {"name": REPLICATED_JOB, "template": {"spec": {"template": {"spec": pod_patch}}}},
+            ]}}},
+        }]  # fmt: skip
         return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
                 "metadata": job_metadata(name, namespace, owner, step), "spec": spec}  # fmt: skip
 

@@ -113,9 +113,10 @@ def _description(name: str, default: Any) -> str:
     return text
 
 
-# The longest a Trainer attempt can take: the largest max_train_minutes a run may set (7 days),
-# as a cluster job's deadline allows it (a quarter more, components/training/cluster_job.py),
-# plus start-up, data download and export (2 h).
+# The longest a Trainer attempt can take once its replicas run (the config's
+# replica_start_timeout_minutes comes on top): the largest max_train_minutes a run may set (7
+# days), as a cluster job's deadline allows it (a quarter more,
+# components/training/cluster_job.py), plus start-up, data download and export (2 h).
 LONGEST_TRAINER_ATTEMPT_S = int(7 * 24 * 3600 * 1.25) + 2 * 3600
 
 
@@ -131,12 +132,14 @@ def trainer_retry_policy(config: PipelineConfig) -> dict:
       reads maxDuration "0" as "already past" and never retries, and parses the factor as an
       integer (2.9 errors the task). So the factor is an integer and backoffMaxDuration is
       always set, long enough for every attempt of the longest training a run may ask for
-      (max_train_minutes is a run parameter): LONGEST_TRAINER_ATTEMPT_S per attempt.
+      (max_train_minutes is a run parameter): LONGEST_TRAINER_ATTEMPT_S per attempt, plus the
+      time its replicas may wait to start.
     - KFP 2.17's default manifests make Argo retry errors only (a deleted or preempted pod) and
       not failures (kubeflow/README.md, section 6a, says what an operator changes)."""
     attempts = config.trainer_retries + 1
+    attempt_s = LONGEST_TRAINER_ATTEMPT_S + int(config.replica_start_timeout_minutes * 60)
     return {"maxRetryCount": config.trainer_retries, "backoffDuration": "30s", "backoffFactor": 2,
-            "backoffMaxDuration": f"{attempts * LONGEST_TRAINER_ATTEMPT_S}s"}  # fmt: skip
+            "backoffMaxDuration": f"{attempts * attempt_s}s"}  # fmt: skip
 
 
 def _beam_args_as_parameter(spec: dict, config: PipelineConfig) -> None:

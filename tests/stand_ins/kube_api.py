@@ -9,15 +9,18 @@ follows (kubernetes v1.29 unless named), and where it cannot play a rule it refu
   follow `fieldValidation` (pkg/endpoints/handlers/rest.go fieldValidation: absent means Warn):
   Strict refuses them with a 400 "strict decoding error: unknown field", Warn drops them and
   answers with a `Warning: 299` header per field, Ignore drops them silently (the structural
-  schema's pruning, apiextensions-apiserver pkg/apiserver/schema/pruning); then the CRD's
-  OpenAPI schema (422 Invalid) and CEL rules, after its defaults (kube_schema.py); the
-  admission webhook the controller registers (a denial is a 403, controller-runtime's Denied);
-  an existing name is a 409 AlreadyExists (k8s.io/apimachinery pkg/api/errors
-  NewAlreadyExists);
-- pods: Pending until scheduled (`schedule_seconds`), then on a node that fits or never: the
-  scheduler's reasons as `0/N nodes are available: ...` (kube-scheduler framework/types.go
-  FitError; noderesources/fit.go "Insufficient <resource>"; nodeaffinity "node(s) didn't match
-  Pod's node affinity/selector"; tainttoleration "node(s) had untolerated taint {key: value}");
+  schema's pruning, apiextensions-apiserver pkg/apiserver/schema/pruning); then ObjectMeta's
+  label and annotation syntax, the CRD's OpenAPI schema (422 Invalid) and CEL rules, after its
+  defaults (kube_schema.py); the admission webhook the controller registers (a denial is a
+  403, controller-runtime's Denied); an existing name is a 409 AlreadyExists
+  (k8s.io/apimachinery pkg/api/errors NewAlreadyExists);
+- a label selector's key and value checked as labels are (400, apimachinery pkg/labels);
+- pods: admitted by Pod Security when the namespace enforces it (pod_security.py; refused, the
+  controller records FailedCreate and makes none); Pending until scheduled (`schedule_seconds`),
+  then on a node that fits or never: the scheduler's reasons as `0/N nodes are available: ...`
+  (kube-scheduler framework/types.go FitError; noderesources/fit.go "Insufficient
+  <resource>"; nodeaffinity "node(s) didn't match Pod's node affinity/selector";
+  tainttoleration "node(s) had untolerated taint {key: value}");
   a scheduled pod whose Secret or key is missing waits in CreateContainerConfigError
   (kubelet kuberuntime_container.go / kubelet_pods.go makeEnvironmentVariables: `secret "<name>"
   not found`, `couldn't find key <key> in Secret <ns>/<name>`) until it appears; a started pod's
@@ -27,12 +30,16 @@ follows (kubernetes v1.29 unless named), and where it cannot play a rule it refu
   (`_resolve`).
 RBAC, when given (`rbac`): a call the Role does not allow is a 403 with the authorizer's text;
 every call is recorded for the tests to compare with the Role the product ships. Not played:
-owner-reference garbage collection, resourceVersion and updates (nothing here updates an
-object), watches, label selectors beyond one `key=value` (refused), label syntax in
-ObjectMeta, DNS records only for running pods (names resolve from creation). A pod's
-env starts from this test process's, less its credentials and KFP/pipeline variables (the
-replicas run this machine's Python). Nodes and pods are in
-kube_pods.py.
+owner-reference garbage collection, graceful deletion (a deleted pod is gone at once; on a
+cluster it is listed a while with a deletionTimestamp, ending Failed with 143, which
+replica_pods.failure leaves out), resourceVersion and updates (nothing here updates an
+object), watches, label selectors beyond one `key=value` (refused), a name that does not
+resolve yet: a real cluster has a pod's DNS record once the pod has an IP (JobSet's headless
+Service publishes addresses not ready), the stand-in answers from the pod's creation; but pods'
+containers start up to 3 s apart, so a replica does meet peers that do not listen yet. A pod's
+env is the image's (kubeflow/Dockerfile's ENV, `image_env`) and what the pod spec and its
+controller give it, nothing of this test process's: the replicas run this machine's Python.
+Nodes and pods are in kube_pods.py; Pod Security admission in pod_security.py.
 """
 
 from __future__ import annotations
@@ -51,11 +58,34 @@ import yaml
 
 from components.base.processes import die_with_parent
 from components.training import local_workers
+from tests.stand_ins import pod_security
 from tests.stand_ins.kube_pods import Node, Pod, default_nodes, now_text, quantity
-from tests.stand_ins.kube_schema import Resource, defaulted, drop, unknown_fields
+from tests.stand_ins.kube_schema import (
+    Resource,
+    defaulted,
+    drop,
+    metadata_errors,
+    unknown_fields,
+)
 
 REPO = Path(__file__).parents[2]
-ENV_NOT_PASSED = ("AWS_", "KFP_", "PIPELINE_", "KUBECONFIG", "TF_CONFIG")  # the test's, not a pod's
+# The image's filesystem is this machine's: where the image's ENV names a path, this machine's.
+LOCAL_PATHS = ("PATH", "VIRTUAL_ENV", "HOME")
+
+
+def image_env(dockerfile: Path = REPO / "kubeflow" / "Dockerfile") -> dict[str, str]:
+    """The env the image gives every container: its Dockerfile's ENV instructions (`K=V`
+    pairs, backslash-continued), with this machine's values for the paths in LOCAL_PATHS."""
+    import os
+    import shlex
+
+    text = dockerfile.read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            env.update(pair.split("=", 1) for pair in shlex.split(line[4:]))
+    env.update({k: os.environ[k] for k in LOCAL_PATHS if k in os.environ})
+    return env
 
 
 class ApiError(Exception):
@@ -72,12 +102,14 @@ class KubeApi:
 
     def __init__(self, work: Path, namespace: str, secrets: dict[str, dict[str, str]],
                  nodes: list[Node] | None = None, schedule_seconds: float = 0.5,
-                 rbac: set[tuple[str, str, str]] | None = None):  # fmt: skip
+                 rbac: set[tuple[str, str, str]] | None = None,
+                 pod_security: str | None = "restricted"):  # fmt: skip
         self.work, self.namespace, self.secrets = work, namespace, secrets
         # (API group, resource, verb) the service account may use; None: everything.
         self.rbac = rbac
         self.nodes = default_nodes() if nodes is None else nodes
         self.schedule_seconds = schedule_seconds
+        self.start_spread_seconds = 3.0  # containers start up to this long apart (kube_pods.Pod)
         self.resources: list[Resource] = []
         self.objects: dict[tuple[str, str], dict] = {}  # (plural, name) -> object
         self.pods: dict[str, Pod] = {}
@@ -86,6 +118,9 @@ class KubeApi:
         self.deleted: list[str] = []
         self.warnings: list[str] = []  # every Warning header sent
         self.requests: set[tuple[str, str, str]] = set()  # (API group, resource, RBAC verb)
+        self.events: list[str] = []  # "<kind>/<name>: <type> <reason>: <message>"
+        # The namespace's pod-security.kubernetes.io/enforce level: "restricted" or None.
+        self.pod_security = pod_security
         self.lock = threading.RLock()
         # Processes die with the thread that started them (PR_SET_PDEATHSIG follows the thread),
         # so one thread that lives as long as the stand-in schedules and starts every pod.
@@ -177,8 +212,15 @@ class KubeApi:
         self.warnings += warnings
         return warnings
 
-    def add_pod(self, manifest: dict, env: dict[str, str]) -> Pod:
+    def add_pod(self, manifest: dict, env: dict[str, str], owner: str) -> Pod | None:
+        """A pod a controller creates for `owner` (`Job/<name>`), or None when admission
+        refuses it: the controller then records a FailedCreate event on its owner (Kubernetes'
+        Job controller, the Training Operator's pod control) and makes no pod."""
         name = manifest["metadata"]["name"]
+        refused = pod_security.refusal(name, manifest["spec"]) if self.pod_security else None
+        if refused:
+            self.events.append(f"{owner}: Warning FailedCreate: Error creating: {refused}")
+            return None
         pod = Pod(self, manifest, env, self.work / f"{name}.log")
         with self.lock:
             self.pods[name] = pod
@@ -215,6 +257,8 @@ class KubeApi:
             pod.waiting = ("CreateContainerConfigError", missing)
             return
         pod.waiting = None
+        if time.monotonic() - pod.created < self.schedule_seconds + pod.start_delay:
+            return  # ContainerCreating
         command = [sys.executable if c == "python" else c for c in pod.container["command"]]
         command += pod.container.get("args", [])
         pod.process = subprocess.Popen(
@@ -255,9 +299,7 @@ class KubeApi:
         return None, f"0/{len(self.nodes)} nodes are available: {listed}."
 
     def _environment(self, pod: Pod) -> tuple[dict[str, str], str]:
-        import os
-
-        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_NOT_PASSED)}
+        env = image_env()
         for variable in pod.container.get("env", []):
             if "value" in variable:
                 env[variable["name"]] = variable["value"]
@@ -358,6 +400,12 @@ def _selector(query: dict) -> tuple[str, str]:
     if selector and (not equals or "," in selector or value.startswith("=") or "!" in key):
         raise ApiError(400, "BadRequest", f"the stand-in plays only a `key=value` label "
                        f"selector, not {selector!r}")  # fmt: skip
+    # apimachinery pkg/labels selector.go parse: the key and value are checked as in ObjectMeta
+    invalid = metadata_errors({"labels": {key: value}}) if selector else []
+    if invalid:
+        where = invalid[0].partition("Invalid value: ")[2]
+        raise ApiError(400, "BadRequest", f"unable to parse requirement: values[0][{key}]: "
+                       f"Invalid value: {where}")  # fmt: skip
     return key, value
 
 
@@ -461,6 +509,10 @@ def _handler(api: KubeApi):
             found = api.pod(pod)
             if found is None:
                 raise ApiError(404, "NotFound", f'pods "{pod}" not found')
+            container = query.get("container", found.container["name"])
+            if container != found.container["name"]:  # kubelet/apiserver pod log validation
+                raise ApiError(400, "BadRequest", f'container {container} is not valid for pod '
+                               f"{pod}")  # fmt: skip
             if found.process is None:
                 raise ApiError(400, "BadRequest", f'container "{found.container["name"]}" in pod '
                                f'"{pod}" is waiting to start: ContainerCreating')  # fmt: skip

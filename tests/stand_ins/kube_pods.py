@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -61,6 +62,9 @@ class Pod:
         self.spec = manifest["spec"]
         (self.container,) = self.spec["containers"]
         self.created = time.monotonic()
+        # Its container starts this long after it is scheduled (image pull, sandbox): 0 to
+        # api.start_spread_seconds, the same for a name every run, so that peers start apart.
+        self.start_delay = api.start_spread_seconds * (zlib.crc32(self.name.encode()) % 100) / 100
         self.node: Node | None = None
         self.unschedulable: str | None = None
         self.waiting: tuple[str, str] | None = None  # (reason, message)

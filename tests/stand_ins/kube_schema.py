@@ -19,6 +19,21 @@ import yaml
 
 # k8s.io/apimachinery pkg/util/validation IsDNS1035Label (a name Kubernetes uses for pods, Jobs).
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Label keys and values, annotation keys (apimachinery pkg/util/validation IsQualifiedName,
+# IsValidLabelValue, IsDNS1123Subdomain; pkg/apis/meta/v1/validation ValidateLabels).
+_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_1123_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+_QUALIFIED_NAME_TEXT = (
+    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+    "with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+_LABEL_VALUE_TEXT = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',"
+    "  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+)
 # ObjectMeta's fields (k8s.io/apimachinery pkg/apis/meta/v1/types.go): a CRD's schema says only
 # `metadata: {type: object}`, the API server knows the rest.
 OBJECT_META = {
@@ -158,6 +173,45 @@ def duplicate_keys(value, schema: dict, path: str = "") -> list[str]:
     return found
 
 
+def _qualified_name(key: str) -> list[str]:
+    prefix, _, name = key.rpartition("/")
+    errors = []
+    if "/" in prefix or (key.count("/") and not prefix):
+        return ["a qualified name must consist of alphanumeric characters, '-', '_' or '.', "
+                "with an optional DNS subdomain prefix and '/'"]  # fmt: skip
+    if prefix and (len(prefix) > 253 or not _DNS_1123_SUBDOMAIN.match(prefix)):
+        errors.append("prefix part a lowercase RFC 1123 subdomain must consist of lower case "
+                      "alphanumeric characters, '-' or '.', and must start and end with an "
+                      "alphanumeric character")  # fmt: skip
+    if not name:
+        errors.append("name part must be non-empty")
+    elif len(name) > 63:
+        errors.append("name part must be no more than 63 characters")
+    elif not _NAME_PART.match(name):
+        errors.append(_QUALIFIED_NAME_TEXT)
+    return errors
+
+
+def metadata_errors(meta: dict) -> list[str]:
+    """ObjectMeta's label keys and values and annotation keys, as the API server checks every
+    object (ValidateObjectMeta): `metadata.labels: Invalid value: "<key>": <why>`."""
+    errors = []
+    for key, value in (meta.get("labels") or {}).items():
+        errors += [f'metadata.labels: Invalid value: "{key}": {e}' for e in _qualified_name(key)]
+        if not isinstance(value, str):
+            continue  # the schema's type error
+        if len(value) > 63:
+            errors.append(f'metadata.labels: Invalid value: "{value}": must be no more than 63 '
+                          "characters")  # fmt: skip
+        elif value and not _NAME_PART.match(value):
+            errors.append(f'metadata.labels: Invalid value: "{value}": {_LABEL_VALUE_TEXT}')
+    for key in meta.get("annotations") or {}:
+        errors += [
+            f'metadata.annotations: Invalid value: "{key}": {e}' for e in _qualified_name(key)
+        ]
+    return errors
+
+
 @dataclass
 class Resource:
     """A served kind: its CRD's schema, the CEL rules the stand-in can play (rule text ->
@@ -201,4 +255,6 @@ class Resource:
                     errors.append(
                         f"{path or '<root>'}: Invalid value: {entry.get('message', rule)}"
                     )
-        return errors + duplicate_keys(body, self.schema)
+        return (
+            metadata_errors(body.get("metadata") or {}) + errors + duplicate_keys(body, self.schema)
+        )

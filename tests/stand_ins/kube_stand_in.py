@@ -30,7 +30,8 @@ class KubeStandIn(KubeApi):
     pods (a TrainJob whose JobSet cannot be applied, which Trainer reports only as an event,
     trainjob_controller.go; an operator that admits but does not reconcile). `rbac`: the
     (group, resource, verb) the service account may use, every other call refused with RBAC's
-    403; None allows everything (and records the calls in `requests`)."""
+    403; None allows everything (and records the calls in `requests`). `pod_security`: the
+    namespace's Pod Security level, "restricted" (pod_security.py) unless None."""
 
     def __init__(
         self,
@@ -43,8 +44,9 @@ class KubeStandIn(KubeApi):
         webhook_down: tuple[str, ...] = (),
         without_pods: tuple[str, ...] = (),
         rbac: set[tuple[str, str, str]] | None = None,
+        pod_security: str | None = "restricted",
     ):
-        super().__init__(work, namespace, secrets, nodes, schedule_seconds, rbac)
+        super().__init__(work, namespace, secrets, nodes, schedule_seconds, rbac, pod_security)
         self.tfjobs = TFJobOperator(self) if "tfjob" in operators else None
         self.trainer = TrainerV2(self) if "trainjob" in operators else None
         controllers = {"tfjob": self.tfjobs, "trainjob": self.trainer}

@@ -94,8 +94,10 @@ class TFJobOperator:
                                          "labels": labels}, "spec": template["spec"]}  # fmt: skip
                 tf_config = {"cluster": cluster, "task": {"type": kind.lower(), "index": index},
                              "environment": "cloud"}  # fmt: skip
-                self.api.add_pod(manifest, {"TF_CONFIG": json.dumps(tf_config)})
-                names.append(pod)
+                if self.api.add_pod(
+                    manifest, {"TF_CONFIG": json.dumps(tf_config)}, f"TFJob/{name}"
+                ):
+                    names.append(pod)
         body["status"] = {"conditions": [
             _condition("Created", "Created", f"TFJob {name} is created.")
         ]}  # fmt: skip

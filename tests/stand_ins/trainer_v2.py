@@ -1,6 +1,7 @@
-"""Kubeflow Trainer v2.2.0's TrainJob controller, with the JobSet (v0.11.1) and Job controllers
-under it, on the Kubernetes stand-in (kube_api.py). Refs are to kubeflow/trainer at v2.2.0 unless
-named.
+"""Kubeflow Trainer v2.2.0's TrainJob controller, with the JobSet and Job controllers under it,
+on the Kubernetes stand-in (kube_api.py). Refs are to kubeflow/trainer at v2.2.0 unless named;
+JobSet's to v0.11 (Trainer v2.2.0's manifests deploy v0.11.0, its go.mod has v0.11.1: they
+differ in status and indexing only).
 
 What it plays:
 - admission of a ClusterTrainingRuntime: its CRD (schema, CEL) and the runtime webhook
@@ -16,8 +17,9 @@ What it plays:
   domain-prefixed manager, replicated jobs and containers that exist, no env for `node`);
 - the JobSet it builds (pkg/runtime/core/trainingruntime.go newRuntimeInfo, plugins/plainml,
   plugins/jobset/builder.go Trainer): the runtime's trainer replicated job with the patches'
-  nodeSelector, tolerations, serviceAccountName and labels/annotations merged in (strategic
-  merge: maps merge, lists replace), `spec.trainer` image, command, args and resourcesPerNode
+  nodeSelector, tolerations, serviceAccountName, the pod's and the `node` container's
+  securityContext and labels/annotations merged in (strategic merge: maps merge, lists
+  replace), `spec.trainer` image, command, args and resourcesPerNode
   replacing the `node` container's, its env upserted, and numNodes pods; a JobSet whose names
   are too long for JobSet's webhook (pkg/webhooks/jobset_webhook.go: job and pod names must be
   DNS-1035 labels) is never created and the TrainJob gets no pods, only an event;
@@ -33,10 +35,13 @@ What it plays:
   deadline" past `spec.activeDeadlineSeconds` from creation, with the JobSet (every pod)
   deleted;
 - deletion deletes every pod (owner references: TrainJob -> JobSet -> Job -> pods).
-What it cannot play it refuses at admission, saying so: a runtime whose trainer job restarts
-pods (restartPolicy other than Never, backoffLimit other than 0), sets a Job deadline, has more
-than one replicated job or an mlPolicy framework; TrainingRuntime (namespaced) runtimes; patch
-fields other than those above; initializers; suspend.
+What it cannot play it refuses at admission, saying so: a runtime with any key beyond those it
+plays (_RUNTIME_KEYS: no JobSet failure, success or startup policy, network or managedBy, no
+podGroupPolicy or mlPolicy framework, no Job deadline, parallelism or pod failure policy, no
+affinity, volumes, init containers or scheduler name), whose trainer job restarts pods
+(restartPolicy other than Never, backoffLimit other than 0) or is not Indexed, or with more than
+one replicated job; TrainingRuntime (namespaced) runtimes; patch fields other than those above;
+initializers; suspend.
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ GROUP = "trainer.kubeflow.org"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 _DOMAIN_PATH = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)+[a-z]{2,}/[-A-Za-z0-9_.]+$")
 _FRAMEWORKS = ("torch", "mpi", "jax", "xgboost", "flux")
-_PATCHABLE_POD = {"nodeSelector", "tolerations", "serviceAccountName"}
+_PATCHABLE_POD = {"nodeSelector", "tolerations", "serviceAccountName", "securityContext"}
+_PATCHABLE_CONTAINER = {"name", "securityContext"}
 
 TRAINJOB_CEL = {
     "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')":
@@ -108,32 +114,61 @@ def runtime_webhook(body: dict) -> list[str]:
     return errors or _not_played_runtime(body)
 
 
+# What the stand-in plays of a runtime, level by level; any other key is refused (a JobSet
+# failurePolicy restarts Jobs, managedBy hands the JobSet to another controller, an affinity or
+# volume changes where and how pods run: jobset v0.11 failure_policy.go, jobset_controller.go).
+_RUNTIME_KEYS = {
+    "spec": {"mlPolicy", "template"},
+    "spec.mlPolicy": {"numNodes"},
+    "spec.template": {"spec"},
+    "spec.template.spec": {"replicatedJobs"},
+    "replicatedJob": {"name", "replicas", "template", "groupName"},  # groupName: the default
+    "job": {"metadata", "spec"},
+    "job.spec": {"backoffLimit", "completionMode", "template"},
+    "pod": {"metadata", "spec"},
+    "pod.spec": {"containers", "restartPolicy", *_PATCHABLE_POD},
+    "container": {"name", "image", "imagePullPolicy", "command", "args", "env", "resources",
+                  "securityContext", "ports"},
+}  # fmt: skip
+
+
 def _not_played_runtime(body: dict) -> list[str]:
     spec = body["spec"]
+    template = spec.get("template", {})
+    levels = [
+        ("spec", spec),
+        ("spec.mlPolicy", spec.get("mlPolicy", {})),
+        ("spec.template", template),
+        ("spec.template.spec", template.get("spec", {})),
+    ]
+    jobs = template.get("spec", {}).get("replicatedJobs", [])
+    for job in jobs:
+        job_template = job.get("template", {})
+        pod = job_template.get("spec", {}).get("template", {})
+        levels += [
+            ("replicatedJob", job),
+            ("job", job_template),
+            ("job.spec", job_template.get("spec", {})),
+            ("pod", pod),
+            ("pod.spec", pod.get("spec", {})),
+        ]
+        levels += [("container", c) for c in pod.get("spec", {}).get("containers", [])]
+    why = [f"{level} {sorted(set(value) - _RUNTIME_KEYS[level])}" for level, value in levels
+           if set(value) - _RUNTIME_KEYS[level]]  # fmt: skip
     job = _trainer_job(spec)
-    why = []
-    if any(k in spec.get("mlPolicy", {}) for k in _FRAMEWORKS):
-        why.append("an mlPolicy framework")
-    if len(spec.get("template", {}).get("spec", {}).get("replicatedJobs", [])) != 1 or not job:
+    if len(jobs) != 1 or not job:
         why.append("other than one replicated job, the trainer's")
     else:
         job_spec = job["template"].get("spec", {})
         if job_spec.get("backoffLimit", 6) != 0:  # Kubernetes' default: 6 retries
             why.append("a Job backoffLimit other than 0")
-        if job_spec.get("activeDeadlineSeconds") is not None:
-            why.append("a Job activeDeadlineSeconds")
-        for unplayed in ("parallelism", "completions", "podFailurePolicy", "successPolicy"):
-            if unplayed in job_spec:
-                why.append(f"a Job {unplayed}")
-        if job_spec.get("template", {}).get("spec", {}).get("initContainers"):
-            why.append("init containers")
+        if job.get("groupName", "default") != "default":
+            why.append("a replicated job groupName")
+        if job_spec.get("completionMode") != "Indexed":
+            why.append("a Job completionMode other than Indexed")
         # JobSet's webhook defaults an empty restartPolicy to OnFailure (jobset_webhook.go).
         if job_spec.get("template", {}).get("spec", {}).get("restartPolicy") != "Never":
             why.append("a restartPolicy other than Never")
-    # A network (subdomain, enableDNSHostnames false) changes the pods' DNS names, which the
-    # stand-in's DNS and the product's replica addresses take as `<pod>.<TrainJob name>`.
-    if spec.get("template", {}).get("spec", {}).get("network"):
-        why.append("a JobSet network")
     return [f"the stand-in cannot play a runtime with {w}, so it refuses it" for w in why]
 
 
@@ -143,7 +178,6 @@ class TrainerV2:
         self.make_pods = True  # False: jobs admitted, never given pods
         self.pods: dict[str, list[str]] = {}
         self.started: dict[str, float] = {}
-        self.events: list[str] = []
         self.runtimes = api.serve(Resource(
             CRDS / "trainer.kubeflow.org_clustertrainingruntimes.yaml.gz", "v1alpha1",
             webhook="validator.clustertrainingruntime.trainer.kubeflow.org", cel=RUNTIME_CEL,
@@ -203,6 +237,11 @@ class TrainerV2:
                     elif container.get("env"):
                         errors.append(f"{where}: must not have envs for the dataset-initializer, "
                                       "model-initializer, node containers")  # fmt: skip
+                    elif set(container) - _PATCHABLE_CONTAINER:
+                        errors.append(
+                            f"{where}: the stand-in cannot play container patches of "
+                            f"{sorted(set(container) - _PATCHABLE_CONTAINER)}"
+                        )
                 unplayed = set(pod.get("spec", {})) - _PATCHABLE_POD - {"containers"}
                 if unplayed:
                     errors.append(
@@ -228,9 +267,14 @@ class TrainerV2:
                     merged = pod.setdefault("metadata", {}).setdefault(key, {})
                     merged.update(template.get("metadata", {}).get(key, {}))
                 for key, value in template.get("spec", {}).items():
-                    if key == "nodeSelector":
-                        pod["spec"].setdefault("nodeSelector", {}).update(value)
-                    elif key != "containers":
+                    if key in ("nodeSelector", "securityContext"):
+                        _merge(pod["spec"].setdefault(key, {}), value)
+                    elif key == "containers":
+                        for patched_container in value:
+                            for target in pod["spec"]["containers"]:
+                                if target["name"] == patched_container["name"]:
+                                    _merge(target, patched_container)
+                    else:
                         pod["spec"][key] = value
         trainer = spec.get("trainer", {})
         (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "node"]
@@ -249,9 +293,9 @@ class TrainerV2:
             return
         if not DNS_1035.match(job_name) or not DNS_1035.match(f"{job_name}-{count - 1}-abcde"):
             # JobSet's webhook refuses the JobSet; Trainer only records an event.
-            self.events.append(
-                "TrainJobResourcesCreationFailed: JobSet name is too long, pod "
-                "names generated for this JobSet will exceed 63 characters"
+            self.api.events.append(
+                f"TrainJob/{name}: Warning TrainJobResourcesCreationFailed: JobSet name is too "
+                "long, pod names generated for this JobSet will exceed 63 characters"
             )
             return
         for index in range(count):
@@ -269,8 +313,8 @@ class TrainerV2:
                 "spec": dict(json.loads(json.dumps(pod["spec"])),
                              hostname=f"{job_name}-{index}", subdomain=name),
             }  # fmt: skip
-            self.api.add_pod(manifest, {"JOB_COMPLETION_INDEX": str(index)})
-            self.pods[name].append(manifest["metadata"]["name"])
+            if self.api.add_pod(manifest, {"JOB_COMPLETION_INDEX": str(index)}, f"Job/{job_name}"):
+                self.pods[name].append(manifest["metadata"]["name"])
 
     def _delete(self, body: dict) -> None:
         for pod in self.pods.pop(body["metadata"]["name"], []):
@@ -310,3 +354,14 @@ class TrainerV2:
             status["jobsStatus"][0].update(active=0, succeeded=1)
             return end("Complete", "AllJobsCompleted", "jobset completed successfully")
         return trainjob
+
+
+def _merge(target: dict, patch: dict) -> None:
+    """A strategic merge patch of what the stand-in patches (apimachinery strategicpatch, as
+    trainingruntime.go mergeRuntimePatches applies it): maps merge key by key, lists without a
+    patch strategy (tolerations, capabilities.drop) are replaced."""
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = json.loads(json.dumps(value))

@@ -119,8 +119,15 @@ def allowed_requests() -> set[tuple[str, str, str]]:
 
 
 def replica_processes() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if REPLICA_MODULE in " ".join(p.cmdline())]  # fmt: skip
+    """The replicas still running (an exited one not yet reaped is not)."""
+    running = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if REPLICA_MODULE in " ".join(process.cmdline()):
+                running.append(process)
+        except psutil.Error:  # exited (a zombie until reaped) or gone
+            pass
+    return running
 
 
 def staging_left(step: ClusterStep) -> list[str]:

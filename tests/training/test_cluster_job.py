@@ -10,6 +10,7 @@ name, a namespace mismatch, replicas that never schedule or cannot start, a dead
 cluster with neither kind of job.
 """
 
+import copy
 import os
 import signal
 import threading
@@ -18,7 +19,7 @@ import time
 import pytest
 
 from components.base import storage
-from components.training import cluster_job, kube_client
+from components.training import cluster_job, job_kind, kube_client
 from components.training.tfjob import TFJobKind
 from components.training.trainjob import TrainJobKind
 from tests.stand_ins.kube_pods import Node, default_nodes
@@ -157,7 +158,8 @@ def test_the_job_is_created_with_strict_field_validation_so_no_field_is_dropped(
         return body
 
     monkeypatch.setattr(type(step.kind), "manifest", misspelled)
-    _fails(step, "(400)", "strict decoding error: unknown field", "resources")
+    message = _fails(step, "(400)", "strict decoding error: unknown field", "resources")
+    assert "needs Kubeflow" not in message  # the product's own mistake: nothing to install
     # Without Strict the same job is accepted, the limits dropped with only a warning.
     body = misspelled(
         step.kind, "trainer-warned", NAMESPACE, step.settings, 2, ["sleep", "1"], None, 60, "s"
@@ -167,6 +169,24 @@ def test_the_job_is_created_with_strict_field_validation_so_no_field_is_dropped(
     assert warnings and "unknown field" in warnings[0]
     stored = step.stand_in.objects_of(step.kind.plural)[0]
     assert "limits" not in str(stored)  # no CPU, memory or GPU limits: the pods take any node
+
+
+def test_an_older_trainer_is_named_with_what_to_install(transformed, object_store, tmp_path,
+                                                        monkeypatch):  # fmt: skip
+    """Trainer v2.1 (Kubeflow 1.11) has neither activeDeadlineSeconds nor runtimePatches
+    (v2.1.0 pkg/apis/trainer/v1alpha1/trainjob_types.go): its CRD, played by removing both."""
+    made = make_step("trainjob", transformed, object_store, tmp_path, monkeypatch)
+    made.kind = TrainJobKind()
+    trainjobs = made.stand_in.trainer.trainjobs
+    trainjobs.schema = copy.deepcopy(trainjobs.schema)  # crd_schema's is shared
+    spec = trainjobs.schema["properties"]["spec"]["properties"]
+    for field in ("activeDeadlineSeconds", "runtimePatches"):
+        spec.pop(field)
+    try:
+        _fails(made, 'unknown field "spec.activeDeadlineSeconds"', "v2.2 or later",
+               "multi_worker_job=tfjob", within=10)  # fmt: skip
+    finally:
+        made.stand_in.close()
 
 
 def test_replicas_that_never_schedule_fail_the_step_at_its_start_timeout(
@@ -197,6 +217,76 @@ def test_a_missing_secret_fails_the_step_naming_it(step, monkeypatch):
         f'CreateContainerConfigError: secret "{step.settings["secret"]}" not found',
         "create what it names (the credentials Secret, in this namespace)",
     )
+
+
+def test_replica_pods_pass_pod_security_restricted_and_without_it_the_step_says_why(
+    step, monkeypatch
+):
+    """The stand-in's namespace enforces Pod Security "restricted" (every other test here trains
+    under it). A job whose pods lack the security context gets no pods at all, only the Job
+    controller's FailedCreate events, and the step's start timeout points at them."""
+    monkeypatch.setattr(job_kind, "POD_SECURITY", {})
+    monkeypatch.setattr(job_kind, "CONTAINER_SECURITY", {})
+    step.set(start_timeout_minutes=0.05)
+    _fails(step, "has no pods after", "Pod Security admission",
+           "kubectl get events --field-selector reason=FailedCreate")  # fmt: skip
+    refused = [e for e in step.stand_in.events if "FailedCreate" in e]
+    assert len(refused) == 2, step.stand_in.events
+    assert (
+        'violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false'
+        in (refused[0])
+    )
+
+
+def test_a_step_killed_outright_leaves_no_replica_training(step, monkeypatch):
+    """A step SIGKILLed, or ended with its container by a cancelled run, deletes nothing: its
+    replicas stop on their own once its heartbeat stops, and their controller fails the job
+    (components/training/heartbeat.py)."""
+
+    class Killed(BaseException):
+        pass
+
+    def killed_once_running(*args, **kwargs):
+        started = time.monotonic()
+        pods = step.stand_in.pods
+        while not (pods and all(p.phase() == "Running" for p in list(pods.values()))):
+            assert time.monotonic() - started < 120, "the replicas never ran"
+            time.sleep(0.2)
+        raise Killed  # no more heartbeats, and no clean-up either
+
+    monkeypatch.setattr(cluster_job, "HEARTBEAT_TIMEOUT_SECONDS", 5)
+    monkeypatch.setattr(cluster_job, "_wait", killed_once_running)
+    monkeypatch.setattr(cluster_job, "_clean_up", lambda *args, **kwargs: None)
+    with pytest.raises(Killed):
+        step.run()
+    (job,) = step.stand_in.objects_of(step.kind.plural)
+    started = time.monotonic()
+    while replica_processes():
+        assert time.monotonic() - started < 60, "the replicas trained on without their step"
+        time.sleep(0.5)
+    state = step.kind.state(kube_client.get(_api(step), job["metadata"]["name"]))
+    assert state.phase == "Failed", state
+    logs = " ".join(p.read_text() for p in step.stand_in.work.glob("trainer-*.log"))
+    assert "The Trainer step that started this job has not been heard from" in logs
+
+
+def test_a_job_whose_creation_answer_is_lost_is_deleted(step, monkeypatch):
+    """The job may exist although its create call failed (a read timeout, SIGTERM): the step
+    deletes it all the same."""
+    from urllib3.exceptions import ReadTimeoutError
+
+    create = kube_client.create
+
+    def answer_lost(api, body):
+        create(api, body)
+        raise ReadTimeoutError(None, "/apis", "Read timed out. (read timeout=60)")
+
+    monkeypatch.setattr(kube_client, "create", answer_lost)
+    with pytest.raises(ReadTimeoutError):
+        step.run()
+    assert step.stand_in.deleted and not step.stand_in.objects_of(step.kind.plural)
+    time.sleep(1)  # a pod a controller was making
+    assert not step.stand_in.pods and not replica_processes() and not staging_left(step)
 
 
 def test_a_job_past_its_deadline_fails_the_step_naming_the_deadline(step):
@@ -232,6 +322,24 @@ def test_a_duplicate_name_or_another_namespace_is_refused(step):
         "provided object does not match the namespace sent on the request",
     ):
         kube_client.create(api, elsewhere)
+
+
+def test_a_label_the_api_server_would_refuse_is_refused(step, monkeypatch):
+    """Label values are at most 63 characters of [A-Za-z0-9-_.]: the step labels its jobs with
+    a hash of its output's URI because the URI itself is no label value."""
+    monkeypatch.setattr(cluster_job, "_step_id", lambda outputs: outputs["model"][0].uri)
+    with pytest.raises(Exception, match=r"\(400\)[\s\S]*unable to parse requirement: .*"
+                       "Invalid value: .*must be no more than 63 characters"):  # fmt: skip
+        step.run()
+    body = step.kind.manifest("trainer-labelled", NAMESPACE, step.settings, 2, ["sleep", "1"],
+                              None, 600, "s3://bucket/root/taxi/run-1/trainer/model")  # fmt: skip
+    with pytest.raises(
+        cluster_job.TrainingJobFailed,
+        match=r"\(422\): .*metadata\.labels: "
+        'Invalid value: "s3://bucket/root/taxi/run-1/trainer/model": a valid label',
+    ):
+        kube_client.create(_api(step), body)
+    assert not step.stand_in.objects_of(step.kind.plural)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

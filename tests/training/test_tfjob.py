@@ -8,6 +8,7 @@ import pytest
 
 from components.base.config import SECRET_KEYS, PipelineConfig
 from components.base.launcher_paths import local_path, remote_uri
+from components.training import job_kind
 from components.training.cluster_job import replica_command
 from components.training.tfjob import TFJobKind
 from pipelines.kubeflow import kubeflow_runner
@@ -57,6 +58,10 @@ def test_the_tfjob_is_valid_against_the_training_operator_crd_and_webhook(api):
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["tolerations"][0]["key"] == config.gpu_toleration_key
     assert {e["name"] for e in container["env"]} == set(SECRET_KEYS)
+    # Pod Security "restricted" (the stand-in's namespace enforces it: else no pods at all)
+    assert pod["securityContext"] == job_kind.POD_SECURITY
+    assert container["securityContext"] == job_kind.CONTAINER_SECURITY
+    assert len(api.pods) == 3
     assert all(
         e["valueFrom"]["secretKeyRef"]["name"] == config.credentials_secret
         for e in container["env"]

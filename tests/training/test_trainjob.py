@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from components.base.config import SECRET_KEYS, PipelineConfig
-from components.training import cluster_job, replica, trainjob
+from components.training import cluster_job, job_kind, replica, trainjob
 from components.training.cluster_job import replica_command
 from components.training.trainjob import TrainJobKind
 from pipelines.pipeline import cluster_job_settings
@@ -75,6 +75,9 @@ def test_the_trainjob_is_admitted_and_its_pods_get_the_trainers_image_gpus_and_a
         assert pod.spec["tolerations"][0]["key"] == config.gpu_toleration_key
         assert pod.spec["restartPolicy"] == "Never"  # the runtime's: the first failure ends it
         assert pod.manifest["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+        # Pod Security "restricted" (the stand-in's namespace enforces it: else no pods at all)
+        assert pod.spec["securityContext"] == job_kind.POD_SECURITY
+        assert pod.container["securityContext"] == job_kind.CONTAINER_SECURITY
         secrets = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"]
                    for e in pod.container["env"] if "valueFrom" in e}  # fmt: skip
         assert secrets == dict.fromkeys(SECRET_KEYS, config.credentials_secret)
@@ -85,7 +88,10 @@ def test_the_trainjob_is_admitted_and_its_pods_get_the_trainers_image_gpus_and_a
     ]
     # Without GPUs no GPU request, node selector or toleration.
     cpu_only = _manifest("trainer-cpu", gpu_count=0)
-    assert "runtimePatches" not in cpu_only["spec"] and "nvidia.com/gpu" not in json.dumps(cpu_only)
+    assert "nvidia.com/gpu" not in json.dumps(cpu_only)
+    (patch,) = cpu_only["spec"]["runtimePatches"]
+    pod_patch = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]
+    assert set(pod_patch["spec"]["template"]["spec"]) == {"securityContext", "containers"}
 
 
 def test_each_replica_builds_tf_config_from_its_index(api):
@@ -138,14 +144,31 @@ def test_an_invalid_trainjob_is_refused_as_trainer_v2_refuses_it(api, change, co
     assert not api.pods
 
 
+def _job(runtime_spec: dict) -> dict:
+    return runtime_spec["template"]["spec"]["replicatedJobs"][0]
+
+
+def _pod(runtime_spec: dict) -> dict:
+    return _job(runtime_spec)["template"]["spec"]["template"]["spec"]
+
+
 @pytest.mark.parametrize(
     "change, reason",
     [
-        (lambda job: job["template"]["spec"]["template"]["spec"]["containers"][0]
-         .update(name="trainer"), "must contain the required container for the ancestor: trainer"),
-        (lambda job: job.update(replicas=2), "always must be 1"),
-        (lambda job: job["template"]["spec"]["template"]["spec"].pop("restartPolicy"),
+        (lambda spec: _pod(spec)["containers"][0].update(name="trainer"),
+         "must contain the required container for the ancestor: trainer"),
+        (lambda spec: _job(spec).update(replicas=2), "always must be 1"),
+        (lambda spec: _pod(spec).pop("restartPolicy"),
          "cannot play a runtime with a restartPolicy other than Never"),
+        # What the stand-in does not play it refuses: a JobSet failure policy restarts the Jobs
+        # (jobset failure_policy.go), an affinity or a pod failure policy changes the pods'
+        # fate.
+        (lambda spec: spec["template"]["spec"].update(failurePolicy={"maxRestarts": 3}),
+         "cannot play a runtime with spec.template.spec ['failurePolicy']"),
+        (lambda spec: _pod(spec).update(affinity={}), "cannot play a runtime with pod.spec "
+         "['affinity']"),
+        (lambda spec: _job(spec)["template"]["spec"].update(podFailurePolicy={"rules": []}),
+         "cannot play a runtime with job.spec ['podFailurePolicy']"),
     ],
 )  # fmt: skip
 def test_the_shipped_runtime_is_valid_and_a_broken_one_is_refused(tmp_path, change, reason):
@@ -155,7 +178,7 @@ def test_the_shipped_runtime_is_valid_and_a_broken_one_is_refused(tmp_path, chan
         assert stand_in.create(stand_in.trainer.runtimes, json.loads(json.dumps(runtime)),
                                None, "Strict") == []  # fmt: skip
         runtime["metadata"]["name"] = "broken"
-        change(runtime["spec"]["template"]["spec"]["replicatedJobs"][0])
+        change(runtime["spec"])
         with pytest.raises(ApiError, match=re.escape(reason)):
             stand_in.create(stand_in.trainer.runtimes, runtime, None, "Strict")
     finally:
@@ -168,7 +191,7 @@ def test_a_name_too_long_for_jobset_gets_no_pods(api):
     name = "t" * 50
     api.create(api.trainer.trainjobs, _manifest(name), NAMESPACE, "Strict")
     time.sleep(0.1)
-    assert not api.pods and "JobSet name is too long" in api.trainer.events[-1]
+    assert not api.pods and "JobSet name is too long" in api.events[-1]
     # The product's names leave room: JobSet's pod-name rule at the most replicas allowed.
     name = cluster_job.job_name("a-pod-uid")
     assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", f"{name}-node-0-63-abcde")

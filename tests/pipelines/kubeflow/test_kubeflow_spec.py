@@ -433,6 +433,27 @@ def test_a_run_parameter_breaking_a_rule_stops_the_step_that_receives_it(
         backend.run(spec, documents[1], {"data_root": f"s3://{bucket}/data", "span": -2})
 
 
+def test_a_run_without_its_credentials_secret_waits_until_a_deadline_naming_it(
+    documents, spec_config, object_store, tmp_path
+):
+    """The compiled tasks take the store's keys from the Secret the config names: in a
+    namespace without it (another name, or not created yet) the pod waits in
+    CreateContainerConfigError and the run hangs, failing nothing; the harness's deadline then
+    names the Secret. (Cut down to the first step.)"""
+    spec = copy.deepcopy(documents[0])
+    tasks = spec["root"]["dag"]["tasks"]
+    spec["root"]["dag"]["tasks"] = {"select-spans": tasks["select-spans"]}
+    bucket = object_store.new_bucket("kfp-secret")
+    backend = _backend(bucket, tmp_path, spec_config)
+    backend.secrets = {"tfx-pipeline-credentials": backend.secrets[spec_config.credentials_secret]}
+    backend.pending_deadline_s = 2
+    with pytest.raises(kfp_harness.TaskFailed, match=re.escape(
+        "still Pending after 2 s: CreateContainerConfigError: secret "
+        f'"{spec_config.credentials_secret}" not found'
+    )):  # fmt: skip
+        backend.run(spec, documents[1], {"data_root": f"s3://{bucket}/data"})
+
+
 def test_trainer_task_carries_the_retry_policy_argo_needs(documents, spec_config):
     spec, _ = documents
     tasks = spec["root"]["dag"]["tasks"]
@@ -445,9 +466,18 @@ def test_trainer_task_carries_the_retry_policy_argo_needs(documents, spec_config
     assert policy["maxRetryCount"] == spec_config.trainer_retries
     with pytest.raises(ConfigError):
         PipelineConfig(max_train_minutes=7 * 24 * 60 + 1)
-    longest_attempt_s = deadline_seconds(7 * 24 * 60) + 3600  # + start-up and export
+    # the job's deadline at the longest budget (its replicas' start included), + an hour for the
+    # step's own start and copies
+    longest_attempt_s = deadline_seconds(7 * 24 * 60, spec_config.replica_start_timeout_minutes)
+    longest_attempt_s += 3600
     attempts = spec_config.trainer_retries + 1
     assert int(policy["backoffMaxDuration"].rstrip("s")) >= attempts * longest_attempt_s
     assert [name for name, task in tasks.items() if "retryPolicy" in task] == ["trainer"]
     five = kubeflow_runner.trainer_retry_policy(PipelineConfig(trainer_retries=5))
     assert int(five["backoffMaxDuration"].rstrip("s")) >= 6 * longest_attempt_s
+    patient = kubeflow_runner.trainer_retry_policy(
+        PipelineConfig(replica_start_timeout_minutes=24 * 60)
+    )  # replicas that may wait a day to start: each attempt's deadline a day longer
+    assert int(patient["backoffMaxDuration"].rstrip("s")) >= (
+        PipelineConfig().trainer_retries + 1
+    ) * (deadline_seconds(7 * 24 * 60, 24 * 60) + 3600)
