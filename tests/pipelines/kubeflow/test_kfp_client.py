@@ -396,6 +396,30 @@ def test_run_parameters_are_checked_as_validate_pipeline_job_inputs_does(server,
     assert len(server.runs) == 1
 
 
+@pytest.mark.parametrize("guard", ["parameter types", "cron check", "pipeline lookup"])
+def test_each_server_rule_catches_the_product_without_its_guard(server, package, monkeypatch,
+                                                                 guard):  # fmt: skip
+    """The product checks first what the server would refuse; without each check, the server's
+    rule (played by the stand-in) refuses what the product sends, and the product says so."""
+    if guard == "parameter types":
+        monkeypatch.setattr(kfp_client, "_typed_parameters", lambda package, given: given)
+        call = lambda: kfp_client.submit(server.endpoint, package, {"span": "3"})  # noqa: E731
+        refused = "HTTP 400.*input parameter span requires type double or integer"
+    elif guard == "cron check":
+        monkeypatch.setattr(kfp_client, "normalize_cron", lambda cron: cron)
+        call = lambda: kfp_client.schedule(  # noqa: E731
+            server.endpoint, package, "0 0 2 * * 7", {}, job_name="nightly", say=lambda _: None
+        )
+        refused = r"HTTP 400.*End of range \(7\) above maximum \(6\)"
+    else:  # an upload of a pipeline that exists, instead of a version of it
+        kfp_client.submit(server.endpoint, package, {})
+        monkeypatch.setattr(kfp.Client, "get_pipeline_id", lambda self, name: None)
+        call = lambda: kfp_client.submit(server.endpoint, package, {})  # noqa: E731
+        refused = "HTTP 409"
+    with pytest.raises(KubeflowError, match=refused):
+        call()
+
+
 def test_a_pipeline_or_version_name_that_exists_is_refused_and_the_product_reuses_it(
     server, package
 ):
