@@ -131,8 +131,8 @@ def run(
         created = True
         try:
             kube_client.create(api, body)
-        except TrainingJobFailed:  # the API server's refusal: nothing was created
-            created = False
+        except TrainingJobFailed as refused:  # a 4xx: nothing created; a 5xx may have stored it
+            created = getattr(refused, "status", 500) >= 500
             raise
         _log.info("Created %s %s/%s: %d replicas, image %s, %s GPU(s) each", kind.kind,
                   api.namespace, name, workers, settings["image"], settings["gpus"])  # fmt: skip
@@ -233,7 +233,7 @@ def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
     while True:
         if heartbeat:
             heartbeat.beat()
-        job, pods = _observe(api, name, timeouts)
+        job, pods = _observe(api, name, timeouts, heartbeat)
         state = api.kind.state(job)
         waiting = {
             p.metadata.name: replica_pods.why_waiting(p) for p in pods if replica_pods.is_waiting(p)
@@ -255,7 +255,7 @@ def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
         if state.phase == "Succeeded":
             return
         if state.phase == "Failed":
-            raise TrainingJobFailed(replica_pods.failure(api, name, state.message, pods))
+            raise TrainingJobFailed(replica_pods.failure(api, name, state, pods))
         longest = max((now - since for since in waiting_since.values()), default=0)
         if longest > timeouts.start:
             raise TrainingJobFailed(
@@ -270,7 +270,8 @@ def _wait(api: Kubernetes, name: str, poll_seconds: float, timeouts: Timeouts,
         time.sleep(poll_seconds)
 
 
-def _observe(api: Kubernetes, name: str, timeouts: Timeouts) -> tuple[dict, list]:
+def _observe(api: Kubernetes, name: str, timeouts: Timeouts,
+             heartbeat: Heartbeat | None = None) -> tuple[dict, list]:  # fmt: skip
     """The job and its pods. A failing call (the API server restarting, a dropped connection)
     is tried again for `timeouts.api_errors` seconds: an hours-long training must not fail on
     one; RBAC and a deleted job fail at once."""
@@ -296,4 +297,6 @@ def _observe(api: Kubernetes, name: str, timeouts: Timeouts) -> tuple[dict, list
             raise TrainingJobFailed(f"the Kubernetes API failed for {now - failing_since:.0f} s "
                                     f"while {api.kind.kind} {name} ran: {problem}")  # fmt: skip
         _log.warning("Kubernetes API call failed (%s); trying again", problem)
+        if heartbeat:  # still waiting: the replicas must not take the step for gone
+            heartbeat.beat()
         time.sleep(5)

@@ -7,8 +7,10 @@ GPUs until the job's deadline, hours later. So the step rewrites a small object 
 staging folder while it waits, and every replica stops once that object has not changed for
 `timeout_seconds`: the first replica to exit fails the job (restartPolicy Never), and its
 controller deletes the others. The replicas compare what they read, not timestamps, so clocks
-need not agree; a failing read counts as no change, so a store outage shorter than the timeout
-stops nothing.
+need not agree, and a failing read counts as no change. The step beats between its polls and
+while it retries failing API calls, so its longest silence is HEARTBEAT_SECONDS plus about two
+calls' timeouts (kube_client.REQUEST_TIMEOUT): a few minutes. A store outage longer than the
+timeout less those minutes stops the replicas, as a dead step would.
 """
 
 from __future__ import annotations

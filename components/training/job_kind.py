@@ -24,6 +24,7 @@ class TrainingJobFailed(ActionableError, RuntimeError):
 class State:
     phase: str  # Pending, Running, Succeeded, Failed
     message: str = ""  # the controller's, for Failed
+    deadline: bool = False  # Failed because the job outlived its activeDeadlineSeconds
 
 
 class JobKind(Protocol):
@@ -35,6 +36,7 @@ class JobKind(Protocol):
     plural: str
     container: str  # the replicas' container
     install_hint: str  # what a cluster needs for this kind, for an error when it has none
+    pod_refused_event: str  # the event reason its controller records for a pod it cannot create
 
     def manifest(
         self,

@@ -100,34 +100,41 @@ class Kubernetes:
 
 
 def create(api: Kubernetes, body: dict) -> None:
+    """Creates the job; a refusal is a TrainingJobFailed naming what to do, with the HTTP
+    `status` (a 5xx may come after the job was stored)."""
     from kubernetes.client.exceptions import ApiException
 
-    kind = api.kind
     try:
         api._post(body)
     except ApiException as error:
-        reason = _api_message(error)
-        if error.status == 404:  # the API server serves no such resource: no CRD installed
-            raise TrainingJobFailed(
-                f"This cluster has no {kind.kind} API ({kind.group}/{kind.version}, "
-                f"{kind.plural}): {reason}. {kind.install_hint}"
-            ) from None
-        if error.status == 403 and not reason.startswith("admission webhook"):
-            raise forbidden(api, "create", reason) from None
-        hint = ""
-        if error.status == 400 and any(f'unknown field "spec.{f}"' in reason for f in NEWER):
-            hint = f" {kind.install_hint}"  # an older controller's CRD
-        if "failed calling webhook" in reason:
-            hint = f" The controller's webhook does not answer: {kind.install_hint}"
-        if "must be created before the TrainJob is created" in reason:  # Trainer's webhook
-            hint = (
-                " Apply the runtime this project ships (kubectl apply -f "
-                "kubeflow/trainjob-runtime.yaml) or name one with trainjob_runtime."
-            )
-        raise TrainingJobFailed(
-            f"The API server refused {kind.kind} {body['metadata']['name']} "
-            f"({error.status}): {reason}.{hint}"
-        ) from None
+        refused = _refusal(api, body, error)
+        refused.status = error.status
+        raise refused from None
+
+
+def _refusal(api: Kubernetes, body: dict, error) -> TrainingJobFailed:
+    kind, reason = api.kind, _api_message(error)
+    if error.status == 404:  # the API server serves no such resource: no CRD installed
+        return TrainingJobFailed(
+            f"This cluster has no {kind.kind} API ({kind.group}/{kind.version}, "
+            f"{kind.plural}): {reason}. {kind.install_hint}"
+        )
+    if error.status == 403 and not reason.startswith("admission webhook"):
+        return forbidden(api, "create", reason)
+    hint = ""
+    if error.status == 400 and any(f'unknown field "spec.{f}"' in reason for f in NEWER):
+        hint = f" {kind.install_hint}"  # an older controller's CRD
+    if "failed calling webhook" in reason:
+        hint = f" The controller's webhook does not answer: {kind.install_hint}"
+    if "must be created before the TrainJob is created" in reason:  # Trainer's webhook
+        hint = (
+            " Apply the runtime this project ships (kubectl apply -f "
+            "kubeflow/trainjob-runtime.yaml) or name one with trainjob_runtime."
+        )
+    return TrainingJobFailed(
+        f"The API server refused {kind.kind} {body['metadata']['name']} "
+        f"({error.status}): {reason}.{hint}"
+    )
 
 
 def forbidden(api: Kubernetes, verb: str, reason: str) -> TrainingJobFailed:

@@ -3,6 +3,7 @@ it), their counts, the chief's latest line, and the first failed replica's exit 
 
 from __future__ import annotations
 
+from components.training.job_kind import State
 from components.training.kube_client import Kubernetes
 
 LOG_LINES = 20
@@ -48,10 +49,11 @@ def not_started(api: Kubernetes, name: str, seconds: float, waiting: dict, pods:
     kind = api.kind.kind
     if not pods:
         return (f"{kind} {name} has no pods after {seconds:.0f} s. Either the namespace "
-                "refuses them (Pod Security admission, a ResourceQuota: `kubectl get events "
-                "--field-selector reason=FailedCreate` says which), or the controller that makes "
-                f"them does not act on it (`kubectl describe {kind.lower()} {name}` shows its "
-                f"events): {api.kind.install_hint}")  # fmt: skip
+                "refuses them (Pod Security admission, a ResourceQuota: `kubectl -n "
+                f"{api.namespace} get events --field-selector "
+                f"reason={api.kind.pod_refused_event}` says which), or the controller that makes "
+                f"them does not act on it (`kubectl -n {api.namespace} describe {kind.lower()} "
+                f"{name}` shows its events): {api.kind.install_hint}")  # fmt: skip
     lines = [f"  pod {pod}: {why}" for pod, why in sorted(waiting.items())]
     if missing:
         lines.append(f"  {missing} replica pod(s) not created yet (`kubectl describe "
@@ -78,14 +80,13 @@ def chief_line(api: Kubernetes, pods: list) -> str:
     return lines[-1] if lines else "no output yet"
 
 
-def failure(api: Kubernetes, name: str, message: str, pods: list) -> str:
+def failure(api: Kubernetes, name: str, state: State, pods: list) -> str:
     """The controller's message, then the first failed replica's exit and last log lines."""
+    message = state.message
     # A pod being deleted (the controller stopping the others, a deadline) ends as Failed with
     # 143 too: it did not cause the failure, nor does any pod when the deadline did.
     failed = [p for p in pods if p.status and p.status.phase == "Failed"
-              and not p.metadata.deletion_timestamp]  # fmt: skip
-    if "DeadlineExceeded" in message:
-        failed = []
+              and not p.metadata.deletion_timestamp and not state.deadline]  # fmt: skip
     if not failed:
         return (f"{message} No replica failed: the job hit its deadline or was stopped; see "
                 f"`kubectl describe {api.kind.kind.lower()} {name}` while it exists")  # fmt: skip

@@ -36,6 +36,7 @@ def pod_template(settings: dict, command: list[str], container: dict) -> dict:
 
 class TFJobKind:
     kind, group, version, plural, container = KIND, GROUP, VERSION, PLURAL, CONTAINER
+    pod_refused_event = "FailedCreatePod"  # v1.8.1 pkg/controller.v1/control/pod_control.go
     install_hint = (
         "multi_worker_job=tfjob needs Kubeflow's Training Operator v1 (kubeflow.org/v1 TFJob) "
         "running in the cluster; on a cluster with Kubeflow Trainer v2 use multi_worker_job="
@@ -76,7 +77,10 @@ class TFJobKind:
         conditions = {c["type"]: c for c in status.get("conditions", []) if c["status"] == "True"}
         for phase in ("Failed", "Succeeded", "Running"):
             if phase in conditions:
-                return State(phase, conditions[phase].get("message", ""))
+                message = conditions[phase].get("message", "")
+                # common/job.go: "Job <name> has failed because it was active longer than
+                # specified deadline"
+                return State(phase, message, deadline="longer than specified deadline" in message)
         return State("Pending")
 
     def pod_selector(self, name: str) -> str:

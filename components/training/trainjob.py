@@ -47,6 +47,7 @@ def replica_hosts(name: str, workers: int) -> list[str]:
 
 class TrainJobKind:
     kind, group, version, plural, container = KIND, GROUP, VERSION, PLURAL, CONTAINER
+    pod_refused_event = "FailedCreate"  # the Job controller's (pkg/controller/job)
     install_hint = (
         "multi_worker_job=trainjob needs Kubeflow Trainer v2 (v2.2 or later, with JobSet) "
         f"running in the cluster and the ClusterTrainingRuntime in {RUNTIME_FILE} applied; on a "
@@ -96,7 +97,8 @@ class TrainJobKind:
         if "Failed" in conditions:
             failed = conditions["Failed"]
             return State("Failed", f"TrainJob {job['metadata']['name']} failed "
-                         f"({failed.get('reason')}): {failed.get('message', '')}.")  # fmt: skip
+                         f"({failed.get('reason')}): {failed.get('message', '')}.",
+                         deadline=failed.get("reason") == "DeadlineExceeded")  # fmt: skip
         if "Complete" in conditions:
             return State("Succeeded")
         return State("Pending")

@@ -212,14 +212,20 @@ class KubeApi:
         self.warnings += warnings
         return warnings
 
-    def add_pod(self, manifest: dict, env: dict[str, str], owner: str) -> Pod | None:
+    def add_pod(self, manifest: dict, env: dict[str, str], owner: str,
+                refused_reason: str) -> Pod | None:  # fmt: skip
         """A pod a controller creates for `owner` (`Job/<name>`), or None when admission
-        refuses it: the controller then records a FailedCreate event on its owner (Kubernetes'
-        Job controller, the Training Operator's pod control) and makes no pod."""
+        refuses it: the controller then records a Warning event with `refused_reason` on its
+        owner and makes no pod (the Job controller: FailedCreate, pkg/controller/job; the
+        Training Operator: FailedCreatePod, pod_control.go). Here one event per refused pod;
+        the Job controller creates in batches and records one per failed batch, the Training
+        Operator stops at its first failure: a test counts on at least one."""
         name = manifest["metadata"]["name"]
-        refused = pod_security.refusal(name, manifest["spec"]) if self.pod_security else None
+        refused = None
+        if self.pod_security:
+            refused = pod_security.refusal(name, manifest["metadata"], manifest["spec"])
         if refused:
-            self.events.append(f"{owner}: Warning FailedCreate: Error creating: {refused}")
+            self.events.append(f"{owner}: Warning {refused_reason}: Error creating: {refused}")
             return None
         pod = Pod(self, manifest, env, self.work / f"{name}.log")
         with self.lock:

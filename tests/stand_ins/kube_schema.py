@@ -25,9 +25,14 @@ _NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_1123_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
 _QUALIFIED_NAME_TEXT = (
-    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
-    "with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
     "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+_SUBDOMAIN_TEXT = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
+    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
 )
 _LABEL_VALUE_TEXT = (
     "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
@@ -174,27 +179,34 @@ def duplicate_keys(value, schema: dict, path: str = "") -> list[str]:
 
 
 def _qualified_name(key: str) -> list[str]:
-    prefix, _, name = key.rpartition("/")
-    errors = []
-    if "/" in prefix or (key.count("/") and not prefix):
-        return ["a qualified name must consist of alphanumeric characters, '-', '_' or '.', "
-                "with an optional DNS subdomain prefix and '/'"]  # fmt: skip
-    if prefix and (len(prefix) > 253 or not _DNS_1123_SUBDOMAIN.match(prefix)):
-        errors.append("prefix part a lowercase RFC 1123 subdomain must consist of lower case "
-                      "alphanumeric characters, '-' or '.', and must start and end with an "
-                      "alphanumeric character")  # fmt: skip
+    """IsQualifiedName's messages, every one (validation.go)."""
+    parts = key.split("/")
+    if len(parts) > 2:
+        return [f"a qualified name {_QUALIFIED_NAME_TEXT} with an optional DNS subdomain prefix "
+                "and '/' (e.g. 'example.com/MyName')"]  # fmt: skip
+    errors, name = [], parts[-1]
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            errors.append("prefix part must be non-empty")
+        else:
+            if len(prefix) > 253:
+                errors.append("prefix part must be no more than 253 characters")
+            if not _DNS_1123_SUBDOMAIN.match(prefix):
+                errors.append(f"prefix part {_SUBDOMAIN_TEXT}")
     if not name:
         errors.append("name part must be non-empty")
     elif len(name) > 63:
         errors.append("name part must be no more than 63 characters")
-    elif not _NAME_PART.match(name):
-        errors.append(_QUALIFIED_NAME_TEXT)
+    if not _NAME_PART.match(name):
+        errors.append(f"name part {_QUALIFIED_NAME_TEXT}")
     return errors
 
 
 def metadata_errors(meta: dict) -> list[str]:
-    """ObjectMeta's label keys and values and annotation keys, as the API server checks every
-    object (ValidateObjectMeta): `metadata.labels: Invalid value: "<key>": <why>`."""
+    """ObjectMeta's label keys and values and annotation keys (annotations lower-cased first),
+    as the API server checks every object (ValidateObjectMeta, ValidateLabels,
+    ValidateAnnotations): one `metadata.labels: Invalid value: "<key>": <why>` per message."""
     errors = []
     for key, value in (meta.get("labels") or {}).items():
         errors += [f'metadata.labels: Invalid value: "{key}": {e}' for e in _qualified_name(key)]
@@ -203,12 +215,11 @@ def metadata_errors(meta: dict) -> list[str]:
         if len(value) > 63:
             errors.append(f'metadata.labels: Invalid value: "{value}": must be no more than 63 '
                           "characters")  # fmt: skip
-        elif value and not _NAME_PART.match(value):
+        if value and not _NAME_PART.match(value):
             errors.append(f'metadata.labels: Invalid value: "{value}": {_LABEL_VALUE_TEXT}')
     for key in meta.get("annotations") or {}:
-        errors += [
-            f'metadata.annotations: Invalid value: "{key}": {e}' for e in _qualified_name(key)
-        ]
+        errors += [f'metadata.annotations: Invalid value: "{key}": {e}'
+                   for e in _qualified_name(key.lower())]  # fmt: skip
     return errors
 
 

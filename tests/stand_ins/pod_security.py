@@ -7,17 +7,20 @@ policy/checks.go AggregateCheckResult.ForbiddenDetail for how they join ("reason
 admission/admission.go for `violates PodSecurity "restricted:latest": ...`, and apimachinery's
 NewForbidden for the `pods "<name>" is forbidden: ` in front.
 
-Played, in the policy's order: allowPrivilegeEscalation, capabilities (restricted: drop ALL, add
-at most NET_BIND_SERVICE), host namespaces, hostPath volumes, host ports, privileged,
-restricted volume types, runAsNonRoot, runAsUser=0, seccompProfile (restricted). Not played, so
-refused: a pod setting appArmorProfile, seLinuxOptions, procMount, sysctls, windowsOptions or
-hostUsers (user-namespace relaxations), or with ephemeral containers.
+Played, in the policy's order (registry.go: baseline checks first, then restricted ones, each
+sorted by ID; a restricted check replaces the baseline one it overrides): host namespaces, host
+ports, privileged; allowPrivilegeEscalation, capabilities (drop ALL, add at most
+NET_BIND_SERVICE), restricted volume types (hostPath among them), runAsNonRoot, runAsUser=0,
+seccompProfile. Not played, so refused: AppArmor (annotations or appArmorProfile),
+seLinuxOptions, procMount, sysctls, windowsOptions, `spec.os` (Windows pods are exempt from
+some checks), hostUsers (user-namespace relaxations), ephemeral containers.
 """
 
 from __future__ import annotations
 
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
                       "persistentVolumeClaim", "projected", "secret"}  # fmt: skip
+_APPARMOR = "container.apparmor.security.beta.kubernetes.io/"
 _UNPLAYED_SECURITY = ("appArmorProfile", "seLinuxOptions", "procMount", "sysctls",
                       "windowsOptions")  # fmt: skip
 
@@ -31,9 +34,12 @@ def _named(noun: str, names: list[str]) -> str:
     return f"{noun}{'' if len(names) == 1 else 's'} {_quote(names)}"
 
 
-def refusal(name: str, spec: dict) -> str | None:
-    """The API server's 403 message for a pod `spec` in a namespace enforcing "restricted", or
-    None when the pod is admitted."""
+def refusal(name: str, metadata: dict, spec: dict) -> str | None:
+    """The API server's 403 message for a pod in a namespace enforcing "restricted", or None
+    when the pod is admitted."""
+    apparmor = [k for k in metadata.get("annotations") or {} if k.startswith(_APPARMOR)]
+    if apparmor or "os" in spec:
+        raise ValueError(f"the stand-in cannot play Pod Security for {apparmor or spec['os']}")
     pod_security = spec.get("securityContext") or {}
     containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
     unplayed = [k for k in _UNPLAYED_SECURITY if k in pod_security]
@@ -59,9 +65,6 @@ def _baseline(spec: dict, containers: list[dict], security) -> list[tuple[str, s
     host = [f"{k}=true" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
     if host:
         found.append(("host namespaces", ", ".join(host)))
-    host_paths = [v["name"] for v in spec.get("volumes", []) if "hostPath" in v]
-    if host_paths:
-        found.append(("hostPath volumes", _named("volume", host_paths)))
     users, ports = [], set()
     for c in containers:
         used = {str(p["hostPort"]) for p in c.get("ports", []) if p.get("hostPort")}

@@ -94,9 +94,8 @@ class TFJobOperator:
                                          "labels": labels}, "spec": template["spec"]}  # fmt: skip
                 tf_config = {"cluster": cluster, "task": {"type": kind.lower(), "index": index},
                              "environment": "cloud"}  # fmt: skip
-                if self.api.add_pod(
-                    manifest, {"TF_CONFIG": json.dumps(tf_config)}, f"TFJob/{name}"
-                ):
+                env = {"TF_CONFIG": json.dumps(tf_config)}
+                if self.api.add_pod(manifest, env, f"TFJob/{name}", "FailedCreatePod"):
                     names.append(pod)
         body["status"] = {"conditions": [
             _condition("Created", "Created", f"TFJob {name} is created.")

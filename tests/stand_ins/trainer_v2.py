@@ -313,7 +313,8 @@ class TrainerV2:
                 "spec": dict(json.loads(json.dumps(pod["spec"])),
                              hostname=f"{job_name}-{index}", subdomain=name),
             }  # fmt: skip
-            if self.api.add_pod(manifest, {"JOB_COMPLETION_INDEX": str(index)}, f"Job/{job_name}"):
+            env = {"JOB_COMPLETION_INDEX": str(index)}
+            if self.api.add_pod(manifest, env, f"Job/{job_name}", "FailedCreate"):
                 self.pods[name].append(manifest["metadata"]["name"])
 
     def _delete(self, body: dict) -> None:

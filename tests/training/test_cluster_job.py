@@ -46,7 +46,9 @@ def _api(step) -> kube_client.Kubernetes:
     return kube_client.Kubernetes(step.kind)
 
 
-def test_the_trainer_step_trains_as_a_cluster_job_and_outputs_the_chiefs_model(step, caplog):
+def test_the_trainer_step_trains_as_a_cluster_job_and_outputs_the_chiefs_model(
+    step, caplog, monkeypatch
+):
     stand_in, kind = step.stand_in, step.kind
     # An earlier attempt of this step was killed outright: its job still trains (Argo keeps the
     # dead pod, so the owner reference does not fire) and its staging folder is there.
@@ -56,6 +58,10 @@ def test_the_trainer_step_trains_as_a_cluster_job_and_outputs_the_chiefs_model(s
     stale_staging = f"{step.folder}/{cluster_job.STAGING_FOLDER}/trainer-earlier/job.json"
     storage.write_bytes(stale_staging, b"{}")
 
+    # Replicas whose step beats (every poll, 5 s) stay alive: with a 10 s timeout (900 s on a
+    # cluster) they would stop in the middle of this training if the waiting step did not beat.
+    monkeypatch.setattr(cluster_job, "HEARTBEAT_SECONDS", 1)
+    monkeypatch.setattr(cluster_job, "HEARTBEAT_TIMEOUT_SECONDS", 10)
     with caplog.at_level("INFO", logger="components.training.cluster_job"):
         step.run()
 
@@ -223,15 +229,17 @@ def test_replica_pods_pass_pod_security_restricted_and_without_it_the_step_says_
     step, monkeypatch
 ):
     """The stand-in's namespace enforces Pod Security "restricted" (every other test here trains
-    under it). A job whose pods lack the security context gets no pods at all, only the Job
-    controller's FailedCreate events, and the step's start timeout points at them."""
+    under it). A job whose pods lack the security context gets no pods at all, only its
+    controller's events (the Job controller's FailedCreate, the Training Operator's
+    FailedCreatePod), and the step's start timeout names the command that shows them."""
     monkeypatch.setattr(job_kind, "POD_SECURITY", {})
     monkeypatch.setattr(job_kind, "CONTAINER_SECURITY", {})
     step.set(start_timeout_minutes=0.05)
+    reason = step.kind.pod_refused_event
     _fails(step, "has no pods after", "Pod Security admission",
-           "kubectl get events --field-selector reason=FailedCreate")  # fmt: skip
-    refused = [e for e in step.stand_in.events if "FailedCreate" in e]
-    assert len(refused) == 2, step.stand_in.events
+           f"kubectl -n {NAMESPACE} get events --field-selector reason={reason}`")  # fmt: skip
+    refused = [e for e in step.stand_in.events if f": Warning {reason}: Error creating: " in e]
+    assert refused, step.stand_in.events
     assert (
         'violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false'
         in (refused[0])

@@ -195,3 +195,31 @@ def test_a_name_too_long_for_jobset_gets_no_pods(api):
     # The product's names leave room: JobSet's pod-name rule at the most replicas allowed.
     name = cluster_job.job_name("a-pod-uid")
     assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", f"{name}-node-0-63-abcde")
+
+
+def test_pod_security_refuses_as_pod_security_admission_writes_it():
+    """The texts of kubernetes/pod-security-admission v0.29.9 (policy/check_*.go, joined as
+    checks.go's ForbiddenDetail, baseline checks before restricted ones as registry.go orders
+    them); the product's security context passes."""
+    from tests.stand_ins.pod_security import refusal
+
+    bare = {"containers": [{"name": "node"}]}
+    assert refusal("p", {}, bare) == (
+        'pods "p" is forbidden: violates PodSecurity "restricted:latest": '
+        'allowPrivilegeEscalation != false (container "node" must set securityContext.'
+        'allowPrivilegeEscalation=false), unrestricted capabilities (container "node" must set '
+        'securityContext.capabilities.drop=["ALL"]), runAsNonRoot != true (pod or container '
+        '"node" must set securityContext.runAsNonRoot=true), seccompProfile (pod or container '
+        '"node" must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost")'
+    )
+    product = {"securityContext": job_kind.POD_SECURITY, "containers": [
+        {"name": "node", "securityContext": job_kind.CONTAINER_SECURITY}]}  # fmt: skip
+    assert refusal("p", {}, product) is None
+    host = dict(product, hostNetwork=True, volumes=[{"name": "h", "hostPath": {"path": "/"}}])
+    assert refusal("p", {}, host).endswith(
+        '"restricted:latest": host namespaces (hostNetwork=true), restricted volume types '
+        '(volume "h" uses restricted volume type "hostPath")'
+    )  # hostPath once: restrictedVolumes overrides baseline's hostPathVolumes
+    with pytest.raises(ValueError, match="cannot play"):  # AppArmor: refused, not ignored
+        annotation = "container.apparmor.security.beta.kubernetes.io/node"
+        refusal("p", {"annotations": {annotation: "unconfined"}}, product)
