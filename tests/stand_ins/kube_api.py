@@ -58,7 +58,7 @@ import yaml
 
 from components.base.processes import die_with_parent
 from components.training import local_workers
-from tests.stand_ins import pod_security
+from tests.stand_ins import kfp_launcher, pod_security
 from tests.stand_ins.kube_pods import Node, Pod, default_nodes, now_text, quantity
 from tests.stand_ins.kube_schema import (
     Resource,
@@ -69,23 +69,15 @@ from tests.stand_ins.kube_schema import (
 )
 
 REPO = Path(__file__).parents[2]
-# The image's filesystem is this machine's: where the image's ENV names a path, this machine's.
-LOCAL_PATHS = ("PATH", "VIRTUAL_ENV", "HOME")
 
 
-def image_env(dockerfile: Path = REPO / "kubeflow" / "Dockerfile") -> dict[str, str]:
-    """The env the image gives every container: its Dockerfile's ENV instructions (`K=V`
-    pairs, backslash-continued), with this machine's values for the paths in LOCAL_PATHS."""
-    import os
-    import shlex
-
-    text = dockerfile.read_text().replace("\\\n", " ")
-    env: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("ENV "):
-            env.update(pair.split("=", 1) for pair in shlex.split(line[4:]))
-    env.update({k: os.environ[k] for k in LOCAL_PATHS if k in os.environ})
-    return env
+def image_env(home: Path) -> dict[str, str]:
+    """The env the image gives every container (its Dockerfile's ENV, read as the KFP harness
+    reads it), its venv being this project's here, and a fresh HOME of the pod's own."""
+    image = kfp_launcher.image_environment(REPO / "kubeflow" / "Dockerfile")
+    environment = {k: v.replace(kfp_launcher.IMAGE_VENV, sys.prefix) for k, v in image.items()}
+    home.mkdir(parents=True, exist_ok=True)
+    return dict(environment, HOME=str(home))
 
 
 class ApiError(Exception):
@@ -305,7 +297,7 @@ class KubeApi:
         return None, f"0/{len(self.nodes)} nodes are available: {listed}."
 
     def _environment(self, pod: Pod) -> tuple[dict[str, str], str]:
-        env = image_env()
+        env = image_env(self.work / f"{pod.name}-home")
         for variable in pod.container.get("env", []):
             if "value" in variable:
                 env[variable["name"]] = variable["value"]
