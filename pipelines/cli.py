@@ -137,6 +137,18 @@ def cmd_models(args: argparse.Namespace, config: PipelineConfig) -> int:
     return 0
 
 
+def cmd_rollout(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines import rollout
+    from pipelines.local import embedded_store
+
+    with embedded_store.object_store(config):
+        if args.action == "status":
+            console.say(rollout.status(config))
+        else:
+            console.say(rollout.decide(config, args.action, args.reason))
+    return 0
+
+
 def cmd_rollback(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import models
     from pipelines.local import embedded_store
@@ -171,7 +183,8 @@ def cmd_serving_sync(args: argparse.Namespace, config: PipelineConfig) -> int:
 
     with embedded_store.object_store(config):
         return serving_sync.run(config.serving_model_dir, config.model_name, Path(args.target),
-                                None if args.once else args.interval, console.say)  # fmt: skip
+                                None if args.once else args.interval, console.say,
+                                model_server=args.model_server)  # fmt: skip
 
 
 def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
@@ -462,6 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
     rollback = add("rollback", cmd_rollback,
                    "Serve the version below the served one, or version N.")  # fmt: skip
     rollback.add_argument("version", type=int, nargs="?", help="the version to serve")
+    rollout = add("rollout", cmd_rollout, "A release's state (status), or force its decision: "
+                  "promote the canary to stable, or abort it.")  # fmt: skip
+    rollout.add_argument("action", choices=("status", "promote", "abort"))
+    rollout.add_argument("--reason", default="", help="recorded with the decision")
     add("store", cmd_store, "Start the embedded object store in the foreground.")
     schema = add("schema", cmd_schema, "Propose the use case's schema from a span's data.")
     schema.add_argument("action", choices=("propose",))
@@ -528,6 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--once", action="store_true", help="sync once and exit (init container)")
     when.add_argument("--interval", type=_positive, metavar="SECONDS",
                       help="sync every SECONDS until stopped (sidecar)")  # fmt: skip
+    sync.add_argument("--model-server", metavar="URL",
+                      help="the TF Serving REST address (e.g. http://localhost:8501): a label "
+                      "is written once it has loaded its version (else none is)")  # fmt: skip
     bench = add("bench-serving", cmd_bench_serving,
                 "Latency and throughput of `serve` next to the SavedModel in-process.")  # fmt: skip
     bench.add_argument("--requests", type=_count, default=400, help="requests per batch size")

@@ -1,21 +1,26 @@
 """`tkp models list`, `tkp models show N` and `tkp rollback [N]`: the registry for a person.
 
-The facts live in the serving directory (components/base/registry.py); this module only reads them,
-lays them out, and asks the registry to change which version serves.
+The facts live in the serving directory (components/base/registry.py, serving_state.py); this
+module only reads them, lays them out, and asks components/base/release.py to change what serves.
 """
 
 from __future__ import annotations
 
 import json
 
-from components.base import registry, storage
+from components.base import registry, release, serving_state, storage
 from components.base.config import PipelineConfig
 from components.steps.auc_text import AUC_UNDEFINED_KEY, accuracy_of
 
 
-def _state(version: int, complete: dict[int, str], present: set[int], served: int | None) -> str:
-    if version == served:
+def _state(version: int, complete: dict[int, str], present: set[int],
+           served: serving_state.ServingState | None) -> str:  # fmt: skip
+    if served is not None and version == served.stable:
         return "SERVED"
+    if served is not None and version == served.canary:
+        return "CANARY"
+    if served is not None and version in served.loaded:
+        return "loaded"  # the stable one before, kept loaded for an instant rollback
     if version in complete:
         return "ready"
     return "incomplete" if version in present else "deleted"
@@ -28,7 +33,7 @@ def list_versions(config: PipelineConfig) -> str:
     present = set(storage.numbered_children(folder))
     records = registry.records(folder)
     try:
-        served, broken = registry.served_version(folder, config.model_name), None
+        served, broken = serving_state.read(folder, config.model_name), None
     except registry.RegistryError as e:  # still list what is there, and say what is wrong
         served, broken = None, str(e)
     versions = sorted(set(records) | present, reverse=True)
@@ -56,10 +61,22 @@ def list_versions(config: PipelineConfig) -> str:
         )
     if broken:
         lines.append(f"NOTHING SERVES: {broken}")
-    elif served is not None and registry.configured_version(folder, config.model_name) is None:
-        no_file = f"no {registry.MODEL_CONFIG_FILE} yet"
-        lines.append(f"({no_file}: TF Serving serves the highest version)")
+    elif served.generation == 0 and served.stable is not None:
+        if registry.configured_version(folder, config.model_name) is None:
+            no_file = f"no {registry.MODEL_CONFIG_FILE} yet"
+            lines.append(f"({no_file}: TF Serving serves the highest version)")
+    else:
+        lines.append(f"Serving: {served.describe()}; last change: {_change(served)}")
+        if served.release:
+            lines.append(f"Release under way: canary {served.canary} beside stable "
+                         f"{served.stable} since {served.release.get('started')} "
+                         "(`tkp rollout status`)")  # fmt: skip
     return "\n".join(lines)
+
+
+def _change(state: serving_state.ServingState) -> str:
+    change = state.change
+    return f"{change.get('what')} at {change.get('time')} ({change.get('why')})"
 
 
 def _auc(overall: dict) -> str:
@@ -82,7 +99,7 @@ def show_version(config: PipelineConfig, version: int) -> str:
             "(`tkp models list`)"
         )
     try:
-        served = registry.served_version(folder, config.model_name)
+        served = serving_state.read(folder, config.model_name)
     except registry.RegistryError:
         served = None  # `models list` says why
     complete = registry.complete_versions(folder)
@@ -101,9 +118,9 @@ def show_version(config: PipelineConfig, version: int) -> str:
 
 
 def rollback(config: PipelineConfig, to: int | None) -> str:
-    was, now = registry.rollback(config.serving_model_dir, config.model_name, to)
+    was, now = release.rollback(config.serving_model_dir, config.model_name, to)
     config_path = storage.join(config.serving_model_dir, registry.MODEL_CONFIG_FILE)
     return (
-        f"Version {now} serves now (was {was}); {config_path} pins it, and TF Serving loads it at "
-        "its next config poll."
+        f"Version {now} serves now (was {was}); {config_path} labels it stable, and TF Serving "
+        "loads it at its next config poll."
     )

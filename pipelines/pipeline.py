@@ -186,6 +186,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             serving_root=param["serving_root"],
             model_name=param["model_name"],
             keep_versions=config.keep_versions,
+            release_policy=json.dumps(config.release_policy(), sort_keys=True),
             export_tflite=config.export_tflite,
             tflite_quantization=config.tflite_quantization,
             label_key=use_case.label_key,

@@ -31,6 +31,8 @@ States, and the decisions behind them:
   first poll after that run has ended; nothing is recorded for it meanwhile.
 - The store going away between polls is said once, and watch follows the work folder's store
   again (pipelines/local/embedded_store.StoreFollower).
+- A release under way (components/base/release.py) is judged at each poll on the live figures
+  at `release_metrics_url` and promoted or aborted once its window is over (ReleaseJudge).
 
 One watcher per data root and serving root is assumed: the records are not a lock (the
 CronJob's `concurrencyPolicy: Forbid` keeps its polls from overlapping).
@@ -84,11 +86,13 @@ class Watcher:
         how: str,
         ready: Callable[[], None] | None = None,
         release: Callable[[], None] | None = None,
+        judge: Callable[[], None] | None = None,
     ) -> None:
         self.data_root, self.marker = config.data_root, config.success_marker
         self.records_dir = storage.join(config.serving_model_dir, registry.WATCH)
         self.trigger, self.how, self.ready = trigger, how, ready
         self.release = release or (lambda: None)  # what `ready` holds, when no trigger follows
+        self.judge = judge or (lambda: None)  # the release under way, judged once a poll
         self.polls = 0
         self.running: int | None = None  # the span whose trigger is under way (for Ctrl-C)
         self._records: dict[str, dict] = {}  # by path: each record is read once per watcher
@@ -301,7 +305,8 @@ def run(watcher: Watcher, interval: int, once: bool, sleep=time.sleep, follower=
 
 
 def _poll(watcher: Watcher, follower) -> Poll:
-    """One poll; once more at once when the follower has just found the store again."""
+    """One poll; once more at once when the follower has just found the store again. Then the
+    release under way, if any, is judged."""
     try:
         result = watcher.poll()
     except ActionableError as error:
@@ -310,7 +315,49 @@ def _poll(watcher: Watcher, follower) -> Poll:
         result = watcher.poll()
     if follower is not None:
         follower.answered()
+    watcher.judge()
     return result
+
+
+class ReleaseJudge:
+    """Judges the release under way on its live figures and promotes or aborts it
+    (components/base/release.judge_release). A release that waits, or figures that cannot be
+    read, are said once per release; `stable` keeps serving meanwhile."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self._said: set[str] = set()
+
+    def __call__(self) -> None:
+        from components.base import live_release, release
+
+        folder, name = self.config.serving_model_dir, self.config.model_name
+        try:
+            judged = release.judge_release(folder, name, self.config.metrics_url())
+        except (live_release.MetricsUnavailable, registry.RegistryError) as error:
+            self._once(f"release: {error}", error=True)
+            return
+        if judged is None:
+            return
+        state, verdict = judged
+        figures, why = json.dumps(verdict.figures, sort_keys=True), "; ".join(verdict.reasons)
+        if verdict.action == live_release.WAIT:
+            self._once(f"release of canary {state.canary} beside stable {state.stable}: "
+                       f"judged once {' and '.join(verdict.reasons)} ...")  # fmt: skip
+        elif verdict.action == live_release.PROMOTE:
+            console.say(f"Canary {state.canary} promoted: stable now, {state.stable} kept loaded "
+                        f"for a rollback ({why}). Figures: {figures}")  # fmt: skip
+        else:
+            console.say(f"Canary {state.canary} aborted and unloaded; stable {state.stable} "
+                        f"serves on: {why}. Figures: {figures}")  # fmt: skip
+
+    def _once(self, line: str, error: bool = False) -> None:
+        key = line.split(" judged once ")[0]  # a waiting release: said once, not each count
+        if key in self._said:
+            _log.info("%s", line)
+            return
+        self._said.add(key)
+        (console.error if error else console.say)(line)
 
 
 def main(
@@ -327,11 +374,12 @@ def main(
     object store (the embedded one is started when none is configured)."""
     if endpoint:
         trigger, ready = kfp_trigger(config, endpoint, package, experiment)
-        return run(Watcher(config, trigger, f"kfp {endpoint}", ready), interval, once)
+        watcher = Watcher(config, trigger, f"kfp {endpoint}", ready, judge=ReleaseJudge(config))
+        return run(watcher, interval, once)
     from pipelines.local import embedded_store
 
     with embedded_store.object_store(config) as store:
         trigger, ready, release = local_trigger(config, log_path, command)
         follower = embedded_store.StoreFollower(store, console.say, lambda: "watch keeps polling")
-        watcher = Watcher(config, trigger, "local", ready, release)
+        watcher = Watcher(config, trigger, "local", ready, release, judge=ReleaseJudge(config))
         return run(watcher, interval, once, follower=follower)

@@ -45,6 +45,7 @@ ENV_PREFIX = "PIPELINE_"
 DEFAULT_DRIFT = 1.0
 # The edge model's weights (components/steps/edge.py): float32, float16, or int8 (dynamic range).
 TFLITE_QUANTIZATIONS = ("none", "float16", "dynamic")
+RELEASE_MODES = ("immediate", "canary", "shadow")  # components/base/release.py
 # PIPELINE_* variables that are not config fields but are read elsewhere.
 OTHER_ENV = {"PIPELINE_WORK_DIR"}
 
@@ -92,6 +93,25 @@ class PipelineConfig:
     # Pushed versions kept; older ones are deleted once a newer one serves (never the served one
     # nor the one `rollback` returns to).
     keep_versions: int = 5
+    # How a blessed version reaches traffic (components/base/release.py): "immediate" makes it
+    # `stable` at once; "canary" labels it `canary` beside `stable` and sends it canary_percent
+    # of the requests that name no version; "shadow" sends it a copy of each of them (clients get
+    # stable's answer). A release is judged on live figures (components/base/live_release.py) by
+    # `watch` once the canary has answered release_min_requests requests over at least
+    # release_min_minutes, then promoted or aborted; `tkp rollout promote|abort` forces it.
+    release_mode: str = "immediate"  # RELEASE_MODES
+    canary_percent: float = 10.0
+    release_min_requests: int = 200
+    release_min_minutes: float = 10.0
+    # Abort when the canary's error rate exceeds stable's by more than this (0.01: one point),
+    # its p99 latency is more than this many times stable's, or its predictions' distribution
+    # is further than this from stable's (Jensen-Shannon divergence, base 2: 0 same, 1 disjoint).
+    release_max_error_rate_increase: float = 0.01
+    release_max_p99_ratio: float = 1.5
+    release_max_prediction_shift: float = 0.1
+    # Where `watch` reads the live figures: a Prometheus text endpoint (`tkp serve`'s, or on a
+    # cluster the release's; kubeflow/README.md). "" is `tkp serve`'s default address.
+    release_metrics_url: str = ""
     # 1: each pushed version also holds `assets.extra/model.tflite`, a TFLite model of it that
     # takes the raw features (for devices; components/steps/edge.py says which runtime it needs).
     export_tflite: int = 0
@@ -182,6 +202,21 @@ class PipelineConfig:
     @property
     def serving_model_dir(self) -> str:
         return f"{self.serving_root.rstrip('/')}/{self.model_name}"
+
+    def metrics_url(self) -> str:
+        """Where the live figures of a release are read (release_metrics_url, else `tkp serve`'s
+        default address)."""
+        return self.release_metrics_url or "http://127.0.0.1:8501/monitoring/prometheus/metrics"
+
+    def release_policy(self) -> dict[str, Any]:
+        """How a blessed version is released and judged (components/base/release.py); a release
+        keeps the policy it started with."""
+        return {"mode": self.release_mode, "canary_percent": self.canary_percent,
+                "min_requests": self.release_min_requests,
+                "min_minutes": self.release_min_minutes,
+                "max_error_rate_increase": self.release_max_error_rate_increase,
+                "max_p99_ratio": self.release_max_p99_ratio,
+                "max_prediction_shift": self.release_max_prediction_shift}  # fmt: skip
 
     def __post_init__(self) -> None:
         found = problems(dataclasses.asdict(self))
@@ -584,6 +619,14 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "keep_versions": _at_least(2),
     "export_tflite": _one_of_numbers(0, 1),
     "tflite_quantization": _one_of(*TFLITE_QUANTIZATIONS),
+    "release_mode": _one_of(*RELEASE_MODES),
+    "canary_percent": _between(1, 99),
+    "release_min_requests": _between(1, 10_000_000),
+    "release_min_minutes": _between(0, 7 * 24 * 60),
+    "release_max_error_rate_increase": _between(0, 1),
+    "release_max_p99_ratio": _between(1, 100),
+    "release_max_prediction_shift": _between(0, 1),
+    "release_metrics_url": _matches(re.compile(r"(https?://\S+)?"), "an http(s):// URL or empty"),
     "watch_interval": _between(5, 3600),
     "serving_root": _storage_root,
     "model_name": _matches(

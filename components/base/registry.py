@@ -3,14 +3,12 @@
 Layout of `<serving_root>/<model_name>/` (TF Serving reads the numbered folders and the model
 config file; it ignores every other name):
 - `<N>/`: version N, a SavedModel (saved_model.pb written last: a version is complete with it);
-- `models.config`: TF Serving's model config file (a ModelServerConfig text proto), whose
-  `model_version_policy { specific { versions: N } }` says which version serves. It is the one
-  fact about what serves: the Pusher writes it after a push, `rollback` rewrites it, and the gate
-  reads it for the baseline. Without it (nothing pushed yet, or versions pushed before it
-  existed) the highest version counts as served, as with TF Serving run without a config file;
+- `models.config`: TF Serving's model config file (a ModelServerConfig text proto): the loaded
+  versions and their labels, written from the serving state (components/base/serving_state.py:
+  its log `_registry/serving/` says what serves and why; before it, this file's pinned version
+  did, else the highest version, as with TF Serving run without a config file);
 - `_registry/<N>.json`: the record of version N (run, spans, metrics, baseline, code, time);
-- `_registry/served.json`: every change of the served version, oldest first (push, rollback),
-  so that `rollback` and pruning know which version served before the current one;
+- `_registry/served.json`: the served versions recorded before the serving state's log;
 - `_trained/<fingerprint>.json`: what a run on that input produced, blessed or not, so that a run
   on the same data ends early (components/steps/span_selection.py);
 - `_claims/<N>/<token>`: claims on version numbers, so that two pushers never write one version
@@ -62,23 +60,14 @@ def complete_versions(folder: str) -> dict[int, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Which version serves: TF Serving's model config file.
+# Which version served before the serving state's log: TF Serving's model config file.
 # ---------------------------------------------------------------------------------------------
 
 
-def model_config_text(folder: str, model_name: str, version: int) -> str:
-    config = model_server_config_pb2.ModelServerConfig()
-    entry = config.model_config_list.config.add()
-    entry.name = model_name
-    entry.base_path = folder.rstrip("/")
-    entry.model_platform = "tensorflow"
-    entry.model_version_policy.specific.versions.append(version)
-    return text_format.MessageToString(config)
-
-
 def configured_version(folder: str, model_name: str) -> int | None:
-    """The version the model config file pins, or None when there is no file. RegistryError
-    naming the file when it is not a config TF Serving would accept for this model."""
+    """The version a model config file from before the serving state's log pins, or None when
+    there is no file. RegistryError naming the file when it is not a config TF Serving would
+    accept for this model."""
     path = storage.join(folder, MODEL_CONFIG_FILE)
     if not storage.list_files(path):
         return None
@@ -101,83 +90,10 @@ def configured_version(folder: str, model_name: str) -> int | None:
     return versions[0]
 
 
-def served_version(folder: str, model_name: str) -> int | None:
-    """The version TF Serving serves: the pinned one, else the highest complete one. RegistryError
-    when the pinned version is not a complete version (TF Serving would serve nothing)."""
-    complete = complete_versions(folder)
-    pinned = configured_version(folder, model_name)
-    if pinned is None:
-        return max(complete, default=None)
-    if pinned not in complete:
-        raise RegistryError(
-            f"{storage.join(folder, MODEL_CONFIG_FILE)} pins version {pinned}, which is not a "
-            f"complete version under {folder} (complete: {sorted(complete)}): serve one of them "
-            "with `tkp rollback N`"
-        )
-    return pinned
-
-
-def serve(folder: str, model_name: str, version: int, why: str) -> None:
-    """Makes `version` the served one (TF Serving picks the change up at its next config poll)
-    and notes the change in the history."""
-    if version not in complete_versions(folder):
-        raise RegistryError(f"version {version} is not a complete version under {folder}")
-    history = served_history(folder)
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    history.append({"version": version, "why": why, "time": now})
-    _write_json(storage.join(folder, _RECORDS, _HISTORY), {"served": history})
-    text = model_config_text(folder, model_name, version)
-    storage.write_bytes(storage.join(folder, MODEL_CONFIG_FILE), text.encode())
-
-
-def served_history(folder: str) -> list[dict[str, Any]]:
+def legacy_served_history(folder: str) -> list[dict[str, Any]]:
+    """`_registry/served.json`: the served versions recorded before the serving state's log
+    (components/base/serving_state.py), oldest first."""
     return (_read_json(storage.join(folder, _RECORDS, _HISTORY)) or {}).get("served", [])
-
-
-def previous_version(folder: str, version: int) -> int | None:
-    """The complete version that served before `version` first did: where `rollback` goes, and
-    what pruning keeps. Rolling back from 5 to 4 and pushing 6 makes it 4, not the rejected 5.
-    Without a history before it (versions pushed before the history existed): the complete
-    version below."""
-    complete = complete_versions(folder)
-    served = [entry["version"] for entry in served_history(folder)]
-    if version in served:
-        before = [v for v in served[: served.index(version)] if v in complete and v != version]
-        if before:
-            return before[-1]
-    return max((v for v in complete if v < version), default=None)
-
-
-def rollback(folder: str, model_name: str, to: int | None = None) -> tuple[int | None, int]:
-    """Serves `to` (default: the version that served before the served one); returns (was
-    served, serves now). Nothing changes when the request is invalid. With `to`, a model config
-    file that is broken or pins a deleted version is repaired ("was" is then None)."""
-    complete = complete_versions(folder)
-    try:
-        current = served_version(folder, model_name)
-    except RegistryError:
-        if to is None:
-            raise
-        current = None
-    if to is None:
-        if current is None:
-            raise RegistryError(f"nothing to roll back: no version is pushed under {folder}")
-        to = previous_version(folder, current)
-        if to is None:
-            raise RegistryError(
-                f"version {current} serves and no complete version served before it is left "
-                f"under {folder}: nothing to roll back to; `tkp rollback N` serves version N "
-                f"(complete: {sorted(complete)})"
-            )
-    elif to not in complete:
-        known = sorted(storage.numbered_children(folder))
-        state = "is incomplete (no saved_model.pb)" if to in known else "does not exist"
-        raise RegistryError(
-            f"version {to} {state} under {folder}: choose one of the complete versions "
-            f"{sorted(complete)} (`tkp models list`)"
-        )
-    serve(folder, model_name, to, why=f"rollback from {current}")
-    return current, to
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,17 +187,13 @@ def lineage(folder: str, version: int) -> list[int]:
     return chain
 
 
-def prune(folder: str, model_name: str, keep: int) -> list[int]:
-    """Deletes complete versions beyond the newest `keep`, never the served one nor the one a
-    rollback returns to, nor any newer than the served one (after a rollback those are kept
-    until a newer version serves); their records stay. Half-written versions are left for a
-    person to look at. Returns the deleted version numbers."""
-    served = served_version(folder, model_name)
-    if served is None:
-        return []
-    protected = {served, previous_version(folder, served)}
+def prune(folder: str, keep: int, protected: set[int], newest_kept: int) -> list[int]:
+    """Deletes complete versions beyond the newest `keep`, never a `protected` one (served,
+    labelled, or where a rollback returns) nor any above `newest_kept` (after a rollback those
+    are kept until a newer version serves); their records stay. Half-written versions are left
+    for a person to look at. Returns the deleted version numbers."""
     complete = sorted(complete_versions(folder), reverse=True)
-    doomed = [v for v in complete[keep:] if v not in protected and v < served]
+    doomed = [v for v in complete[keep:] if v not in protected and v < newest_kept]
     for version in doomed:
         # saved_model.pb first: a half-deleted version is no longer complete to any reader.
         path = storage.join(folder, str(version))

@@ -21,7 +21,7 @@ from tfx.dsl.components.base import base_component, base_executor, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 from tfx.utils import path_utils
 
-from components.base import registry, storage
+from components.base import registry, serving_state, storage
 from components.base.config import check_run_parameters
 
 _log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class LatestPushedModelExecutor(base_executor.BaseExecutor):
         versions_dir = serving_model_dir(
             exec_properties["serving_root"], exec_properties["model_name"]
         )
-        version = registry.served_version(versions_dir, exec_properties["model_name"])
+        version = serving_state.read(versions_dir, exec_properties["model_name"]).stable
         if version is None:
             _log.info("No pushed model yet: the candidate is evaluated without a baseline.")
             baseline.set_int_custom_property(BASELINE_VERSION_KEY, NO_BASELINE)

@@ -1,11 +1,12 @@
-"""Pusher that writes numbered versions (1, 2, 3, ...) for TF Serving, serves the new one, and
-keeps the registry (components/base/registry.py).
+"""Pusher that writes numbered versions (1, 2, 3, ...) for TF Serving, releases the new one
+(components/base/release.py), and keeps the registry (components/base/registry.py).
 
 Stock Pusher names versions by Unix time, which two pushes in one second share, writes through
 TensorFlow's gfile, which cannot reach SeaweedFS reliably (README.md, "Object storage notes"),
 and takes its destination inside a proto that Kubeflow users could not set per run. Here a
-version number is claimed race-free, the version's record is written, the model config file is
-pointed at it (TF Serving switches at its next poll), old versions are pruned, and the input's
+version number is claimed race-free, the version's record is written, the serving state labels it
+`stable` or `canary` (TF Serving switches at its next poll) unless another writer changed that
+state since this run's baseline was read, old versions are pruned, and the input's
 outcome is recorded whether or not the model was blessed, so the same data is not trained again.
 """
 
@@ -25,7 +26,7 @@ from tfx.components.pusher import executor as pusher_executor
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 
-from components.base import registry, storage
+from components.base import registry, release, serving_state, storage
 from components.base.config import check_run_parameters
 from components.steps.baseline import (
     BASELINE_VERSION_KEY,
@@ -105,17 +106,14 @@ class VersionedPusherExecutor(pusher_executor.Executor):
         # side by side): a model never compared with what serves now must not replace it.
         baseline = artifact_utils.get_single_instance(input_dict["baseline_model"])
         compared_with = baseline.get_int_custom_property(BASELINE_VERSION_KEY)
-        served_now = registry.served_version(folder, exec_properties["model_name"])
-        if (None if compared_with == NO_BASELINE else compared_with) != served_now:
-            outcome["reason"] = (
-                f"blessed against version {compared_with}, but version {served_now} serves now "
+        compared_with = None if compared_with == NO_BASELINE else compared_with
+        model_name = exec_properties["model_name"]
+        stable_now = serving_state.read(folder, model_name).stable
+        if compared_with != stable_now:
+            return self._not_released(folder, selection, pushed_model, outcome, (
+                f"blessed against version {compared_with}, but version {stable_now} serves now "
                 "(pushed by another run meanwhile): not pushed; run again with force=1 to "
-                "compare with it"
-            )
-            _log.info("%s", outcome["reason"])
-            registry.record_trained(folder, selection["fingerprint"], outcome)
-            self._MarkNotPushed(pushed_model, outcome)
-            return
+                "compare with it"))  # fmt: skip
         model_path = self.GetModelPath(input_dict)
         # Built before a version number is claimed: a failure here publishes nothing.
         extra_files = self._extra_files(input_dict, exec_properties, model_path)
@@ -123,18 +121,34 @@ class VersionedPusherExecutor(pusher_executor.Executor):
         serving_path = push_version(model_path, folder, version, extra_files)
         record = self._record(input_dict, selection, verdict, outcome)
         registry.write_record(folder, version, record)
-        registry.serve(folder, exec_properties["model_name"], version, why="push")
+        policy = json.loads(exec_properties.get("release_policy") or '{"mode": "immediate"}')
+        try:
+            state = release.release_pushed(folder, model_name, version, compared_with, policy,
+                                           why=f"blessed on span {selection['span']}")  # fmt: skip
+        except serving_state.ConcurrentChange as e:
+            # Its files go: a version no label names and no state loads is nothing to keep.
+            storage.delete_files([storage.join(serving_path, "saved_model.pb")])
+            storage.delete_tree(serving_path)
+            return self._not_released(folder, selection, pushed_model, outcome, str(e))
         outcome["pushed_version"] = version
+        outcome["labels"] = state.labels
         registry.record_trained(folder, selection["fingerprint"], outcome)
-        _log.info("Version %d serves now (model config %s)", version,
+        _log.info("Version %d is %s now: %s (model config %s)", version,
+                  "canary" if state.canary == version else "stable", state.describe(),
                   storage.join(folder, registry.MODEL_CONFIG_FILE))  # fmt: skip
-        deleted = registry.prune(folder, exec_properties["model_name"],
-                                 exec_properties["keep_versions"])  # fmt: skip
+        deleted = release.prune(folder, model_name, exec_properties["keep_versions"])
         if deleted:
             _log.info("Deleted versions %s (keep_versions=%d)", deleted,
                       exec_properties["keep_versions"])  # fmt: skip
         self._MarkPushed(pushed_model, pushed_destination=serving_path, pushed_version=str(version))
         _write_outcome(pushed_model, outcome)
+
+    def _not_released(self, folder: str, selection: dict, pushed_model, outcome: dict,
+                      reason: str) -> None:  # fmt: skip
+        outcome["reason"] = reason
+        _log.info("%s", reason)
+        registry.record_trained(folder, selection["fingerprint"], outcome)
+        self._MarkNotPushed(pushed_model, outcome)
 
     def _MarkNotPushed(self, model_push, outcome: dict) -> None:
         """TFX's mark, and why (the run report shows it)."""
@@ -215,6 +229,8 @@ class VersionedPusherSpec(types.ComponentSpec):
         "serving_root": component_spec.ExecutionParameter(type=str),
         "model_name": component_spec.ExecutionParameter(type=str),
         "keep_versions": component_spec.ExecutionParameter(type=int),
+        # PipelineConfig.release_policy() as JSON: how the version is released and judged.
+        "release_policy": component_spec.ExecutionParameter(type=str, optional=True),
         "export_tflite": component_spec.ExecutionParameter(type=int),
         "tflite_quantization": component_spec.ExecutionParameter(type=str, optional=True),
         # The use case's label column, dropped from the warm-up requests' rows.
@@ -245,6 +261,7 @@ class VersionedPusher(base_component.BaseComponent):
         model_name: str | Any,
         keep_versions: int,
         label_key: str,
+        release_policy: str = '{"mode": "immediate"}',
         export_tflite: int = 0,
         tflite_quantization: str = "none",
     ):
@@ -261,6 +278,7 @@ class VersionedPusher(base_component.BaseComponent):
                 serving_root=serving_root,
                 model_name=model_name,
                 keep_versions=keep_versions,
+                release_policy=release_policy,
                 pushed_model=types.Channel(type=standard_artifacts.PushedModel),
             )
         )

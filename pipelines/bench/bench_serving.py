@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from components.base import registry, spans, storage
+from components.base import registry, serving_state, spans, storage
 from components.base.config import WORK_DIR, PipelineConfig
 from components.base.errors import ActionableError
 from components.base.processes import stop_process
@@ -100,7 +100,7 @@ def run(config: PipelineConfig, requests_per_size: int, concurrency: int, batch_
     from pipelines.serving.samples import row_to_example
 
     folder = config.serving_model_dir
-    version = registry.served_version(folder, config.model_name)
+    version = serving_state.read(folder, config.model_name).stable
     if version is None:
         raise BenchError(f"no version is pushed under {folder}: run `make run` first")
     rows = _eval_rows(config, version, max(batch_sizes))

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 def latest_served(config: PipelineConfig) -> str | None:
     """The served version's folder (components/base/registry.py), if any."""
-    from components.base import registry, storage
+    from components.base import serving_state, storage
 
-    version = registry.served_version(config.serving_model_dir, config.model_name)
+    version = serving_state.read(config.serving_model_dir, config.model_name).stable
     return None if version is None else storage.join(config.serving_model_dir, str(version))
 
 

@@ -10,11 +10,15 @@ releases; and its v1 protocol lacks TF Serving's versions, metadata, :classify a
 would have to be written here anyway. FastAPI and uvicorn are what KServe's server is built on, and
 they install with the current lock unchanged.
 
-Like TF Serving with `--model_config_file_poll_wait_seconds`, a poller follows the model
-config file: it mirrors the store (pipelines/serving/serving_sync.py, as the Kubernetes sidecar
-does), loads the pinned version and replays its warm-up requests while the current version keeps
-answering, then switches. A version that fails to load (or to warm up) is reported in the model
-status and not retried while it stays pinned; the current one keeps serving.
+Like TF Serving with `--model_config_file_poll_wait_seconds`, a poller follows the serving state
+(components/base/serving_state.py): it mirrors the store (pipelines/serving/serving_sync.py, as
+the Kubernetes sidecar does), loads each version the state lists and replays its warm-up requests
+while the loaded ones keep answering, then applies the labels (`stable`, `canary`), answered at
+`/v1/models/<name>/labels/<label>`. A version that fails to load (or to warm up) is reported in the
+model status and not retried while the state lists it; a label naming a version that is not
+loaded is not applied (TF Serving refuses such a config whole), and the labels in force stay.
+One difference from TF Serving, on purpose: a request without version or label gets `stable`,
+where TF Serving takes the highest loaded version (a canary's, during a release).
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ from pathlib import Path
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_status_pb2
 
+from components.base.registry import RegistryError
+from components.base.serving_state import CANARY, STABLE, ServingState
 from pipelines.serving import serving_sync, tfs_json
+from pipelines.serving.metrics import ServingMetrics
+from pipelines.serving.routing import Router
 from pipelines.serving.servable import Servable
 from pipelines.serving.tfs_json import ServingError, invalid
 
@@ -43,65 +51,101 @@ _STATES = get_model_status_pb2.ModelVersionStatus.State
 
 
 class ModelManager:
-    """Which version serves, which loads, which failed; the poller that changes it."""
+    """Which versions are loaded, which labels name them, which failed; the poller that changes
+    them."""
 
     def __init__(self, model_name: str, serving_model_dir: str, cache_dir: Path,
                  poll_seconds: float):  # fmt: skip
         self.model_name, self.source = model_name, serving_model_dir
         self.cache_dir, self.poll_seconds = Path(cache_dir), poll_seconds
-        self.current: Servable | None = None
+        self.loaded: dict[int, Servable] = {}
+        self.labels: dict[str, int] = {}  # the labels in force (all of them name loaded versions)
         self.states: dict[int, tuple[int, str, str]] = {}  # version: (state, code, message)
-        self._failed: int | None = None  # the pinned version that failed to load
+        self._failed: set[int] = set()  # wanted versions that failed to load: not retried
         self._stop = threading.Event()
         self._client, self._last_state = None, None  # see serving_sync.store_state
+        self._broken_state = None  # the store's probe when its state last failed to read
         self._thread: threading.Thread | None = None
         self.on_change = lambda line: None  # where the poller reports (the console)
         # When the store stops answering: says so once, follows the folder's store again
         # (pipelines/local/embedded_store.StoreFollower; set by the CLI, absent in tests).
         self.follower = None
         self._last_error: str | None = None  # a failed poll's report, not repeated every poll
+        self.router = Router()  # the traffic split or shadow of a release, fault drills
+        self.metrics = ServingMetrics()
+
+    @property
+    def current(self) -> Servable | None:
+        """What an unlabelled request gets: `stable`, else (nothing labelled yet) the highest
+        loaded version, TF Serving's Latest."""
+        loaded = dict(self.loaded)
+        version = self.labels.get(STABLE, max(loaded, default=None))
+        return loaded.get(version)
 
     # -- the poller -----------------------------------------------------------------------------
 
     def poll(self) -> None:
-        """One round: mirror the store, then load the pinned version if it is new. Nothing is
-        done while the store shows the same config file and versions as last time."""
+        """One round: mirror the store, then load the versions the serving state wants and apply
+        its labels. Nothing is done while the store shows the same state as last time, nor while
+        it shows the same broken state (its error was reported once)."""
         if self._client is None and self.source.startswith("s3://"):
             from components.base.object_store import s3_client
 
             self._client = s3_client()
-        state = serving_sync.store_state(self.source, self._client)
-        if state is not None and state == self._last_state:
+        probe = serving_sync.store_state(self.source, self._client)
+        if probe is not None and probe in (self._last_state, self._broken_state):
             return
-        result = serving_sync.sync_once(self.source, self.model_name, self.cache_dir)
-        self._last_state = serving_sync.state_after_sync(self.source, self._client, state)
-        wanted = result.served
-        if wanted != self._failed:
-            self._failed = None  # pinned again later, a failed version is tried again
-        if wanted is None or wanted == self._failed:
-            return
-        if self.current is not None and self.current.version == wanted:
-            return
-        self.states[wanted] = (_STATES.LOADING, "OK", "")
-        started = time.monotonic()
-        path = serving_sync.local_model_dir(self.cache_dir, self.model_name) / str(wanted)
         try:
-            servable = Servable(self.model_name, wanted, path)
+            result = serving_sync.sync_once(self.source, self.model_name, self.cache_dir)
+        except RegistryError:
+            self._broken_state = probe  # reported by the caller; not read again until it changes
+            raise
+        self._broken_state = None
+        self._last_state = serving_sync.state_after_sync(self.source, self._client, probe)
+        self._apply(result.state)
+
+    def _apply(self, state: ServingState) -> None:
+        wanted = set(state.loaded)
+        self._failed &= wanted  # a failed version wanted again later is tried again
+        for version in sorted(wanted - set(self.loaded) - self._failed):
+            self._load(version)
+        missing = {label: v for label, v in state.labels.items() if v not in self.loaded}
+        if missing:
+            # TF Serving refuses such a config whole (server_core.cc UpdateModelVersionLabelMap):
+            # the labels in force stay, and so do the versions they name.
+            kept = ", ".join(f"{k} {v}" for k, v in sorted(self.labels.items())) or "none"
+            names = ", ".join(f"{k} -> {v}" for k, v in sorted(missing.items()))
+            self.on_change(f"Labels not applied ({names}: not loaded); the labels in force "
+                           f"stay ({kept}).")  # fmt: skip
+            wanted |= set(self.labels.values())
+        elif state.labels != self.labels:
+            self.labels = dict(state.labels)
+            self.on_change(f"Serving {state.describe()}.")
+        in_force = state.release and self.labels.get(CANARY) == state.release["canary"]
+        self.router.release = state.release if in_force else None
+        for version in sorted(set(self.loaded) - wanted - set(self.labels.values())):
+            del self.loaded[version]
+            self.states[version] = (_STATES.END, "OK", "")
+
+    def _load(self, version: int) -> None:
+        self.states[version] = (_STATES.LOADING, "OK", "")
+        started = time.monotonic()
+        path = serving_sync.local_model_dir(self.cache_dir, self.model_name) / str(version)
+        try:
+            servable = Servable(self.model_name, version, path)
             warmed = servable.warm_up()
         except Exception as e:  # a broken SavedModel raises many kinds of errors
-            self._failed = wanted
+            self._failed.add(version)
             code, message = _load_error(e)
-            self.states[wanted] = (_STATES.END, code, message)
-            kept = f"version {self.current.version} keeps serving" if self.current else (
-                "nothing serves")  # fmt: skip
-            self.on_change(f"Version {wanted} failed to load ({message}); {kept}.")
-            _log.exception("version %s failed to load", wanted)
+            self.states[version] = (_STATES.END, code, message)
+            current = self.current
+            kept = f"version {current.version} keeps serving" if current else "nothing serves"
+            self.on_change(f"Version {version} failed to load ({message}); {kept}.")
+            _log.exception("version %s failed to load", version)
             return
-        previous, self.current = self.current, servable  # one reference swap: no request waits
-        self.states[wanted] = (_STATES.AVAILABLE, "OK", "")
-        if previous is not None:
-            self.states[previous.version] = (_STATES.END, "OK", "")
-        self.on_change(f"Version {wanted} serves (loaded and warmed up with {warmed} requests "
+        self.loaded[version] = servable  # one dict entry: no request waits
+        self.states[version] = (_STATES.AVAILABLE, "OK", "")
+        self.on_change(f"Version {version} serves (loaded and warmed up with {warmed} requests "
                        f"in {time.monotonic() - started:.1f} s).")  # fmt: skip
 
     def start(self) -> None:
@@ -110,14 +154,16 @@ class ModelManager:
 
     def stop(self) -> None:
         self._stop.set()
+        self.router.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
     def keeps(self) -> str:
         """What requests get meanwhile, for the follower's message."""
-        if self.current is None:
+        current = self.current
+        if current is None:
             return "nothing serves yet"
-        return f"version {self.current.version} keeps answering from its local copy"
+        return f"version {current.version} keeps answering from its local copy"
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_seconds):
@@ -153,15 +199,36 @@ class ModelManager:
         if name != self.model_name:
             raise ServingError("NOT_FOUND", f"Servable not found for request: {what}")
 
-    def servable(self, name: str, version: int | None, label: str | None) -> Servable:
-        if label:  # no labels are configured (server_core.cc GetModelVersionForLabel)
-            raise invalid(f"Unrecognized servable version label: {label}")
+    def servable(self, name: str, version: int | None, label: str | None,
+                 seen: dict | None = None) -> Servable:  # fmt: skip
+        """The version a request names, or its label's (server_core.cc GetModelVersionForLabel:
+        an unknown label, also one of an unknown model, is a 400), or for neither the one the
+        release's routing picks (`stable` outside a release). `seen` (an inference request's)
+        learns the version and label that answer, and whether a shadow copy is due; a fault
+        drill on that version acts here."""
+        if seen is not None and not label and version is None and name == self.model_name:
+            label = seen.get("force_label")
+            if label is None:
+                label, seen["shadow"] = self.router.routed_version()
+            if label not in self.labels:
+                label = None  # nothing labelled yet: TF Serving's Latest
+        if label:
+            labels = self.labels if name == self.model_name else {}
+            if label not in labels:
+                raise invalid(f"Unrecognized servable version label: {label}")
+            version = labels[label]
         what = f"Specific({name}, {version})" if version is not None else f"Latest({name})"
         self._check_model(name, what)
-        current = self.current
-        if current is None or (version is not None and version != current.version):
+        servable = self.current if version is None else dict(self.loaded).get(version)
+        if servable is None:
             raise ServingError("NOT_FOUND", f"Servable not found for request: {what}")
-        return current
+        if seen is not None:
+            seen["version"], seen["label"] = servable.version, self.label_of(servable.version)
+            self.router.apply_drill(servable.version)
+        return servable
+
+    def label_of(self, version: int) -> str:
+        return next((k for k, v in sorted(dict(self.labels).items()) if v == version), "")
 
     def status(self, name: str, version: int | None) -> dict:
         """GetModelStatusImpl: every version this server knows of, or the one asked for."""
@@ -210,14 +277,31 @@ def _error_code(name: str) -> int:
 
 def handle(manager: ModelManager, method: str, path: str, body: bytes) -> tuple[int, dict]:
     """HttpRestApiHandler::ProcessRequest: (HTTP status, JSON body) for one request. Every
-    failure answers in TF Serving's shape, an unexpected one as a 500 (its traceback logged)."""
+    failure answers in TF Serving's shape, an unexpected one as a 500 (its traceback logged).
+    An inference request is recorded in the metrics; in shadow mode its copy is then answered by
+    the canary in the background."""
+    seen: dict = {}
+    status, payload = _answer(manager, method, path, body, seen)
+    if seen.get("shadow"):
+        manager.router.shadow(lambda: _answer(manager, method, path, body,
+                                              {"force_label": CANARY}))  # fmt: skip
+    return status, payload
+
+
+def _answer(manager: ModelManager, method: str, path: str, body: bytes,
+            seen: dict) -> tuple[int, dict]:  # fmt: skip
+    started = time.perf_counter()
     try:
-        return 200, _dispatch(manager, method, path, body)
+        status, payload, code = 200, _dispatch(manager, method, path, body, seen), "OK"
     except ServingError as e:
-        return e.http_status, {"error": e.message}
+        status, payload, code = e.http_status, {"error": e.message}, e.code
     except Exception as e:  # a bug here or an odd model: still {"error": ...}, never HTML
         _log.exception("request %s %s failed", method, path)
-        return 500, {"error": f"{type(e).__name__}: {e}"}
+        status, payload, code = 500, {"error": f"{type(e).__name__}: {e}"}, "INTERNAL"
+    if method == "POST":
+        manager.metrics.record(manager.model_name, seen.get("version"), seen.get("label", ""),
+                               status, code, time.perf_counter() - started, payload)  # fmt: skip
+    return status, payload
 
 
 def _version(text: str | None) -> int | None:
@@ -228,7 +312,7 @@ def _version(text: str | None) -> int | None:
     return int(text)
 
 
-def _dispatch(manager: ModelManager, method: str, path: str, body: bytes) -> dict:
+def _dispatch(manager: ModelManager, method: str, path: str, body: bytes, seen: dict) -> dict:
     """The checks in TF Serving's order: the path, then the body (for :predict up to the
     signature, which needs the servable), then the servable."""
     malformed = invalid(f"Malformed request: {method} {path}")
@@ -244,11 +328,11 @@ def _dispatch(manager: ModelManager, method: str, path: str, body: bytes) -> dic
         doc = tfs_json.parse(body)
         if api == "predict":
             signature = tfs_json.signature_name(doc)
-            servable = manager.servable(name, version, label)
+            servable = manager.servable(name, version, label, seen)
             request, form = tfs_json.predict_request(doc, servable.input_types(signature))
             return tfs_json.predict_response(servable.predict(request), form)
         request = tfs_json.examples_request(doc, api)
-        servable = manager.servable(name, version, label)
+        servable = manager.servable(name, version, label, seen)
         if api == "classify":
             return tfs_json.classify_response(servable.classify(request))
         return tfs_json.regress_response(servable.regress(request))

@@ -19,6 +19,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from components.base.errors import ActionableError
+from pipelines.serving import metrics
 from pipelines.serving.model_server import ModelManager, handle
 
 DEFAULT_PORT = 8501  # TF Serving's --rest_api_port default
@@ -60,6 +61,8 @@ def create_app(manager: ModelManager, max_request_bytes: int) -> FastAPI:
 
     @app.api_route("/{prefix:path}", methods=methods)
     async def tf_serving_api(request: Request, prefix: str) -> Response:
+        if "/" + prefix == metrics.PATH and request.method == "GET":  # an exact path, as TF's
+            return Response(manager.metrics.exposition(), media_type=metrics.CONTENT_TYPE)
         if not prefix.lower().startswith("v1/"):
             return Response(status_code=404)
         try:
@@ -136,7 +139,8 @@ def serve_forever(manager: ModelManager, host: str, port: int, max_request_bytes
         running = start_in_thread(manager, host, port, max_request_bytes)
         base = f"{running.url}/v1/models/{manager.model_name}"
         say(f"TF Serving REST API at {base} (status), {base}:predict, :classify, :regress, "
-            "/metadata. Ctrl-C stops.")  # fmt: skip
+            f"/metadata, /labels/<label>...; metrics at {running.url}{metrics.PATH}. "
+            "Ctrl-C stops.")  # fmt: skip
         try:
             while running.thread.is_alive():
                 running.thread.join(0.5)

@@ -62,8 +62,11 @@ class ServingClient:
         self.use_case = load_use_case(use_case)
         self.session = requests.Session()  # keep-alive: one connection per client
 
-    def url(self, version: int | None = None, suffix: str = "") -> str:
+    def url(self, version: int | None = None, suffix: str = "", label: str | None = None) -> str:
+        """The model's path, for one `version` or `label` (`stable`, `canary`) or neither."""
         path = f"{self.base_url}/v1/models/{self.model_name}"
+        if label is not None:
+            return f"{path}/labels/{label}{suffix}"
         return path + (f"/versions/{version}" if version is not None else "") + suffix
 
     def _call(self, method: str, url: str, body: dict | None = None) -> dict:
@@ -80,21 +83,22 @@ class ServingClient:
         """`model_version_status`: each version's state (AVAILABLE, LOADING, END) and error."""
         return self._call("GET", self.url(version))["model_version_status"]
 
-    def serving_version(self) -> int | None:
-        """The version in state AVAILABLE, or None (also while the server is not up yet)."""
+    def serving_version(self, label: str | None = None) -> int | None:
+        """The version that answers a request without a version (or with `label`), from its
+        metadata; None while nothing answers (also while the server is not up yet)."""
         try:
-            available = [int(s["version"]) for s in self.status() if s["state"] == "AVAILABLE"]
+            return int(self.metadata(label=label)["model_spec"]["version"])
         except (ServingRequestError, requests.ConnectionError):
             return None
-        return max(available, default=None)
 
-    def metadata(self, version: int | None = None) -> dict:
-        return self._call("GET", self.url(version, "/metadata"))
+    def metadata(self, version: int | None = None, label: str | None = None) -> dict:
+        return self._call("GET", self.url(version, "/metadata", label))
 
-    def predict(self, body: dict, version: int | None = None) -> dict:
-        return self._call("POST", self.url(version, ":predict"), body)
+    def predict(self, body: dict, version: int | None = None, label: str | None = None) -> dict:
+        return self._call("POST", self.url(version, ":predict", label), body)
 
-    def predict_examples(self, rows: list[dict[str, str]], version: int | None = None) -> list:
+    def predict_examples(self, rows: list[dict[str, str]], version: int | None = None,
+                         label: str | None = None) -> list:  # fmt: skip
         """The positive class's probability per row, sent as base64 serialized tf.Examples
         (the TFX convention)."""
         from pipelines.serving.samples import row_to_example
@@ -103,7 +107,7 @@ class ServingClient:
             {"b64": base64.b64encode(row_to_example(r, self.use_case)).decode()} for r in rows
         ]
         body = {"signature_name": SERVING_SIGNATURE, "instances": instances}
-        return [p[0] for p in self.predict(body, version)["predictions"]]
+        return [p[0] for p in self.predict(body, version, label)["predictions"]]
 
     def predict_raw(self, rows: list[dict[str, str]], version: int | None = None) -> list:
         """The positive class's probability per row, sent as plain JSON values; every feature is

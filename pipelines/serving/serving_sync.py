@@ -7,12 +7,18 @@ running `tkp serving-sync`) or `tkp serve` reads that copy and the model config 
 beside it, `<target>/models.config`: the store's config with base_path pointing at the copy.
 
 Order matters, because the reader polls: a version is copied into a staging folder and renamed
-into place whole; the config pins a version only once it is in place; a version that left the
-store (pruned) is deleted locally only when the new config no longer pins it.
+into place whole; the config lists a version only once it is in place; a version that left the
+store (pruned) is deleted locally only when the new config no longer lists it. TF Serving refuses
+a whole config whose label names a version it has not loaded yet ("Request to assign label to
+version N of model M, which is not currently available for inference", server_core.cc
+UpdateModelVersionLabelMap, checked before the new versions are loaded, so such a config never
+converges): a label is written only once the model server reports its version AVAILABLE
+(`available`, from `--model-server`); until then it is withheld and the sync runs again.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -21,17 +27,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.base import registry, storage
+from components.base import registry, serving_state, storage
 
 _STAGING = ".staging"
 
 
 @dataclass
 class SyncResult:
-    served: int | None  # the version the local config pins; None: nothing pushed yet
+    state: serving_state.ServingState  # the store's serving state
     versions: list[int] = field(default_factory=list)  # complete versions on the store
     copied: list[int] = field(default_factory=list)
     deleted: list[int] = field(default_factory=list)
+    withheld: dict[str, int] = field(default_factory=dict)  # labels whose version is not loaded
+
+    @property
+    def served(self) -> int | None:
+        """The stable version; None: nothing pushed yet."""
+        return self.state.stable
 
 
 def local_model_dir(target: Path, model_name: str) -> Path:
@@ -42,35 +54,42 @@ def local_config_path(target: Path) -> Path:
     return Path(target) / registry.MODEL_CONFIG_FILE
 
 
-def sync_once(serving_model_dir: str, model_name: str, target: Path) -> SyncResult:
+def sync_once(serving_model_dir: str, model_name: str, target: Path,
+              available: Callable[[int], bool] | None = None) -> SyncResult:  # fmt: skip
     """Mirrors the complete versions under `serving_model_dir` into `target` and writes the
-    local model config file. Raises StorageError or RegistryError (naming the file) when the
-    store cannot be read or its config is broken; the local copy is then left as it was, so a
-    reader keeps serving what it served."""
+    local model config file: the loaded versions, and each label whose version `available` says
+    the model server has loaded (without `available`, no label). Raises StorageError or
+    RegistryError (naming the file) when the store cannot be read or its state is broken; the
+    local copy is then left as it was, so a reader keeps serving what it served."""
     target = Path(target)
     models = local_model_dir(target, model_name)
     _forget_other_source(target, models, serving_model_dir)
     complete = registry.complete_versions(serving_model_dir)
-    served = registry.served_version(serving_model_dir, model_name)
-    result = SyncResult(served=served, versions=sorted(complete))
+    state = serving_state.read(serving_model_dir, model_name)
+    result = SyncResult(state=state, versions=sorted(complete))
     for version, source in sorted(complete.items()):
         if not (models / str(version) / "saved_model.pb").exists():
             _copy_version(source, models / str(version), target / _STAGING)
             result.copied.append(version)
-    if served is not None:
-        text = registry.model_config_text(str(models), model_name, served)
+    if state.loaded:
+        ready = available or (lambda version: False)
+        labels = {label: v for label, v in state.labels.items() if ready(v)}
+        result.withheld = {k: v for k, v in state.labels.items() if k not in labels}
+        text = serving_state.model_config_text(str(models), model_name, labels, state.loaded)
         storage.write_bytes(str(local_config_path(target)), text.encode())
     for path in sorted(models.iterdir()) if models.exists() else []:
-        if path.name.isdigit() and int(path.name) not in complete and int(path.name) != served:
+        number = int(path.name) if path.name.isdigit() else None
+        if number is not None and number not in complete and number not in state.loaded:
             shutil.rmtree(path, ignore_errors=True)
-            result.deleted.append(int(path.name))
+            result.deleted.append(number)
     return result
 
 
 def store_state(serving_model_dir: str, client) -> tuple | None:
-    """What a sync would see, summed up cheaply: the model config file's ETag and each version
-    whose saved_model.pb exists (with its ETag), from one delimited listing and one HEAD per
-    version, on one reused boto3 client. A full sync lists through Beam, which builds a new S3
+    """What a sync would see, summed up cheaply: the model config file's ETag, each version
+    whose saved_model.pb exists (with its ETag) and the newest serving state's name, from one
+    delimited listing, one HEAD per version and one listing of new states, on one reused boto3
+    client. A full sync lists through Beam, which builds a new S3
     client per listing (about 0.3 s of CPU each, 2-3 s a sync): polled every few seconds, that
     would take a core from the requests. None for a path that is not `s3://` (always synced)."""
     if not serving_model_dir.startswith("s3://"):
@@ -111,6 +130,7 @@ def _store_state(client, bucket: str, prefix: str) -> tuple:
             name = common["Prefix"][len(prefix) : -1]
             numbers += [int(name)] if name.isdigit() else []
     versions = []
+    newest = _newest_state_key(client, bucket, prefix)
     for number in sorted(numbers):
         try:
             head = client.head_object(Bucket=bucket, Key=f"{prefix}{number}/saved_model.pb")
@@ -119,7 +139,29 @@ def _store_state(client, bucket: str, prefix: str) -> tuple:
                 continue
             raise
         versions.append((number, head["ETag"]))
-    return config_tag, tuple(versions)
+    return config_tag, tuple(versions), newest
+
+
+_NEWEST_STATE: dict[tuple[str, str], str] = {}  # (bucket, prefix): the newest state key seen
+
+
+def _newest_state_key(client, bucket: str, prefix: str) -> tuple[str, str]:
+    """The key and ETag of the newest serving state (components/base/serving_state.py).
+    Generation names only grow, so the listing starts after the newest one seen: one short
+    request a poll, and one HEAD."""
+    log = prefix + serving_state.LOG_FOLDER + "/"
+    newest = _NEWEST_STATE.get((bucket, prefix), "")
+    pages = client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=log, StartAfter=newest or log
+    )
+    for page in pages:
+        for item in page.get("Contents", []):
+            newest = max(newest, item["Key"])
+    _NEWEST_STATE[(bucket, prefix)] = newest
+    if not newest:
+        return "", ""
+    # Its ETag too: a state is written once, but a person may still edit one by hand.
+    return newest, client.head_object(Bucket=bucket, Key=newest)["ETag"]
 
 
 def _forget_other_source(target: Path, models: Path, serving_model_dir: str) -> None:
@@ -146,11 +188,30 @@ def _copy_version(source: str, destination: Path, staging_root: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def model_server_loaded(url: str, model_name: str) -> Callable[[int], bool]:
+    """Whether TF Serving at `url` reports a version AVAILABLE (GET /v1/models/<name>/versions/N);
+    any failure to ask counts as not loaded (the label waits for the next round)."""
+    import urllib.request
+
+    def available(version: int) -> bool:
+        address = f"{url.rstrip('/')}/v1/models/{model_name}/versions/{version}"
+        try:
+            with urllib.request.urlopen(address, timeout=5) as answer:
+                statuses = json.loads(answer.read()).get("model_version_status", [])
+        except (OSError, ValueError):
+            return False
+        return any(s.get("state") == "AVAILABLE" for s in statuses)
+
+    return available
+
+
 def run(serving_model_dir: str, model_name: str, target: Path, interval: float | None,
-        say: Callable[[str], None]) -> int:  # fmt: skip
+        say: Callable[[str], None], model_server: str | None = None) -> int:  # fmt: skip
     """`tkp serving-sync`: once (interval None; an error is the exit status, for an init
     container), or every `interval` seconds until stopped (an error is logged and retried: the
-    reader keeps serving the last good copy meanwhile)."""
+    reader keeps serving the last good copy meanwhile). `model_server`: the TF Serving whose
+    loaded versions decide when a label is written (without it, no label is)."""
+    available = model_server_loaded(model_server, model_name) if model_server else None
     client, last_state = None, None
     while True:
         started = time.monotonic()
@@ -163,8 +224,10 @@ def run(serving_model_dir: str, model_name: str, target: Path, interval: float |
             if state is not None and state == last_state:
                 time.sleep(interval)
                 continue
-            result = sync_once(serving_model_dir, model_name, target)
+            result = sync_once(serving_model_dir, model_name, target, available)
             last_state = state_after_sync(serving_model_dir, client, state)
+            if result.withheld and available is not None:
+                last_state = None  # the labels follow once their versions are loaded
         except Exception as e:  # StorageError, RegistryError, OSError: all retried
             if interval is None:
                 raise
@@ -172,7 +235,7 @@ def run(serving_model_dir: str, model_name: str, target: Path, interval: float |
         else:
             if result.copied or result.deleted or interval is None:
                 say(
-                    f"serving-sync: version {result.served} serves; copied {result.copied or '-'}, "
+                    f"serving-sync: {result.state.describe()}; copied {result.copied or '-'}, "
                     f"deleted {result.deleted or '-'} ({time.monotonic() - started:.1f} s)"
                 )
         if interval is None:

@@ -1,6 +1,6 @@
-"""The serving directory as registry (components/base/registry.py, pipelines/models.py), on
-SeaweedFS:
-which version serves, rollback, pruning, race-free version numbers, the quality slide check."""
+"""The serving directory as registry (components/base/registry.py, serving_state.py, release.py,
+pipelines/models.py), on SeaweedFS: which version serves, rollback, pruning, race-free version
+numbers, the quality slide check."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from components.base import registry, storage
+from components.base import registry, release, serving_state, storage
 from components.base.config import PipelineConfig
 from components.steps.evaluation import quality_gate
 from components.steps.pusher import push_version
@@ -38,28 +38,38 @@ def _push(tmp_path, folder: str, tag: str) -> int:
     return version
 
 
+def _served(folder: str, model_name: str) -> int | None:
+    return serving_state.read(folder, model_name).stable
+
+
+def _serve(folder: str, model_name: str, version: int) -> None:
+    """What the Pusher does with a blessed version in release mode "immediate"."""
+    stable = serving_state.read(folder, model_name, unreleased=version).stable
+    release.release_pushed(folder, model_name, version, stable, "immediate", why="push")
+
+
 def test_the_model_config_file_says_which_version_serves_and_rollback_rewrites_it(
     object_store, tmp_path
 ):
     config = _config(object_store.new_bucket("reg-serve"))
     folder = config.serving_model_dir
-    assert registry.served_version(folder, config.model_name) is None
+    assert _served(folder, config.model_name) is None
     for tag in "abc":
         _push(tmp_path, folder, tag)
     # No config file yet: TF Serving's default policy serves the highest version.
-    assert registry.served_version(folder, config.model_name) == 3
-    registry.serve(folder, config.model_name, 3, why="push")
+    assert _served(folder, config.model_name) == 3
+    _serve(folder, config.model_name, 3)
     text = storage.read_bytes(f"{folder}/models.config").decode()
     assert 'base_path: "s3://' in text and "versions: 3" in text and 'name: "taxi-tips"' in text
 
     assert models.rollback(config, None).startswith("Version 2 serves now (was 3)")
-    assert registry.served_version(folder, config.model_name) == 2
+    assert _served(folder, config.model_name) == 2
     assert "versions: 2" in storage.read_bytes(f"{folder}/models.config").decode()
     models.rollback(config, 3)
-    assert registry.served_version(folder, config.model_name) == 3
+    assert _served(folder, config.model_name) == 3
 
     listing = models.list_versions(config)
-    assert [line.split()[:2] for line in listing.splitlines()[2:]] == [
+    assert [line.split()[:2] for line in listing.splitlines()[2:] if line.split()[0].isdigit()] == [
         ["3", "SERVED"], ["2", "ready"], ["1", "ready"],
     ]  # fmt: skip
     assert "Lineage" in models.show_version(config, 2)
@@ -73,7 +83,7 @@ def test_a_bad_rollback_or_a_broken_config_file_is_named_and_changes_nothing(
     with pytest.raises(registry.RegistryError, match="nothing to roll back: no version"):
         models.rollback(config, None)
     _push(tmp_path, folder, "a")
-    registry.serve(folder, config.model_name, 1, why="push")
+    _serve(folder, config.model_name, 1)
     with pytest.raises(registry.RegistryError, match="no complete version served before it"):
         models.rollback(config, None)
     with pytest.raises(registry.RegistryError, match=r"version 7 does not exist .* \[1\]"):
@@ -81,16 +91,31 @@ def test_a_bad_rollback_or_a_broken_config_file_is_named_and_changes_nothing(
     storage.write_bytes(f"{folder}/2/variables/variables.index", b"half a push")
     with pytest.raises(registry.RegistryError, match="version 2 is incomplete"):
         models.rollback(config, 2)
-    assert registry.served_version(folder, config.model_name) == 1
+    assert _served(folder, config.model_name) == 1
 
+    # Once the serving state's log exists, models.config is only its view: an edit changes
+    # nothing, and the next change rewrites it.
+    storage.write_bytes(f"{folder}/models.config", b"model_config_list { config { name: ")
+    assert _served(folder, config.model_name) == 1
+    # A labelled version whose files went is named.
+    storage.delete_files([f"{folder}/1/saved_model.pb"])
+    with pytest.raises(registry.RegistryError, match=r"labels version 1 'stable', which is not"):
+        _served(folder, config.model_name)
+    assert "NOTHING SERVES:" in models.list_versions(config)  # the versions are still listed
+
+
+def test_a_broken_model_config_file_from_before_the_serving_state_is_named(object_store, tmp_path):
+    config = _config(object_store.new_bucket("reg-legacy"))
+    folder = config.serving_model_dir
+    _push(tmp_path, folder, "a")
     storage.write_bytes(f"{folder}/models.config", b"model_config_list { config { name: ")
     with pytest.raises(registry.RegistryError, match="models.config is not a TF Serving model"):
-        registry.served_version(folder, config.model_name)
+        _served(folder, config.model_name)
     assert "NOTHING SERVES:" in models.list_versions(config)  # the versions are still listed
-    policy = registry.model_config_text(folder, config.model_name, 9)
+    policy = serving_state.model_config_text(folder, config.model_name, {}, [9])
     storage.write_bytes(f"{folder}/models.config", policy.encode())
     with pytest.raises(registry.RegistryError, match="pins version 9, which is not a complete"):
-        registry.served_version(folder, config.model_name)
+        _served(folder, config.model_name)
 
 
 def test_pruning_keeps_the_newest_the_served_and_the_rollback_target(object_store, tmp_path):
@@ -98,8 +123,8 @@ def test_pruning_keeps_the_newest_the_served_and_the_rollback_target(object_stor
     folder = config.serving_model_dir
     for tag in "abcde":
         _push(tmp_path, folder, tag)
-    registry.serve(folder, config.model_name, 5, why="push")
-    assert registry.prune(folder, config.model_name, keep=2) == [3, 2, 1]
+    _serve(folder, config.model_name, 5)
+    assert release.prune(folder, config.model_name, keep=2) == [3, 2, 1]
     assert sorted(registry.complete_versions(folder)) == [4, 5]
     assert sorted(registry.records(folder)) == [1, 2, 3, 4, 5]  # records outlive their files
     assert "deleted" in models.list_versions(config)
@@ -107,7 +132,7 @@ def test_pruning_keeps_the_newest_the_served_and_the_rollback_target(object_stor
     # After a rollback to 4, nothing newer is deleted and 4's own rollback target stays.
     _push(tmp_path, folder, "f")
     models.rollback(config, 4)
-    assert registry.prune(folder, config.model_name, keep=2) == []
+    assert release.prune(folder, config.model_name, keep=2) == []
     assert sorted(registry.complete_versions(folder)) == [4, 5, 6]
 
 
@@ -118,20 +143,21 @@ def test_rollback_returns_to_the_version_served_before_not_a_rejected_one(object
     folder = config.serving_model_dir
     for tag in "abcd":
         _push(tmp_path, folder, tag)
-    registry.serve(folder, config.model_name, 4, why="push")
+    _serve(folder, config.model_name, 4)
     _push(tmp_path, folder, "e")
-    registry.serve(folder, config.model_name, 5, why="push")
+    _serve(folder, config.model_name, 5)
     models.rollback(config, None)
-    assert registry.served_version(folder, config.model_name) == 4
+    assert _served(folder, config.model_name) == 4
     _push(tmp_path, folder, "f")
-    registry.serve(folder, config.model_name, 6, why="push")
+    _serve(folder, config.model_name, 6)
 
-    assert registry.previous_version(folder, 6) == 4
-    assert 5 in registry.prune(folder, config.model_name, keep=1)
+    assert serving_state.previous_stable(folder, 6) == 4
+    assert 5 in release.prune(folder, config.model_name, keep=1)
     assert 4 in registry.complete_versions(folder)
     assert models.rollback(config, None).startswith("Version 4 serves now (was 6)")
-    whys = [entry["why"] for entry in registry.served_history(folder)]
-    assert whys == ["push", "push", "rollback from 5", "push", "rollback from 6"]
+    changes = [(s.change["what"], s.stable) for s in serving_state.history(folder)]
+    assert changes == [("push", 4), ("push", 5), ("rollback", 4), ("push", 6), ("rollback", 4)]
+    assert serving_state.history(folder)[2].change["why"] == "rollback from 5"
 
 
 def test_rollback_to_a_given_version_repairs_a_broken_model_config_file(object_store, tmp_path):
@@ -142,7 +168,24 @@ def test_rollback_to_a_given_version_repairs_a_broken_model_config_file(object_s
     with pytest.raises(registry.RegistryError, match="is not a TF Serving model config"):
         models.rollback(config, None)  # which version served before is unknown
     assert models.rollback(config, 1).startswith("Version 1 serves now (was None)")
-    assert registry.served_version(folder, config.model_name) == 1
+    assert _served(folder, config.model_name) == 1
+
+
+def race(racer, folder: str, tmp: str, rounds: int, timeout: float) -> dict:
+    """Runs `racer(folder, tmp, tag, start_at, rounds, results)` in two spawned processes ("a"
+    and "b") that start their rounds at the same instants; returns each one's result by tag."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    start_at = time.time() + 10  # spawn and import time
+    racers = [context.Process(target=racer, args=(folder, tmp, tag, start_at, rounds, results))
+              for tag in ("a", "b")]  # fmt: skip
+    for process in racers:
+        process.start()
+    outcomes = dict(results.get(timeout=timeout) for _ in racers)
+    for process in racers:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    return outcomes
 
 
 def _racing_pusher(folder: str, tmp: str, tag: str, start_at: float, rounds: int, results):
@@ -162,21 +205,8 @@ def test_two_pushers_racing_never_write_the_same_version(object_store, tmp_path)
     With the number taken as highest + 1 both would pick the same one (push_version would then
     refuse the second); with claims every push gets its own version."""
     folder = _config(object_store.new_bucket("reg-race")).serving_model_dir
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    start_at, rounds = time.time() + 8, 4  # spawn and import time
-    racers = [
-        context.Process(
-            target=_racing_pusher, args=(folder, str(tmp_path), tag, start_at, rounds, results)
-        )
-        for tag in ("a", "b")
-    ]
-    for racer in racers:
-        racer.start()
-    pushed = dict(results.get(timeout=120) for _ in racers)
-    for racer in racers:
-        racer.join(timeout=30)
-        assert racer.exitcode == 0
+    rounds = 4
+    pushed = race(_racing_pusher, folder, str(tmp_path), rounds, timeout=120)
     every = pushed["a"] + pushed["b"]
     assert sorted(every) == list(range(1, 2 * rounds + 1))
     assert sorted(registry.complete_versions(folder)) == sorted(every)

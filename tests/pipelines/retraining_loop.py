@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from components.base import registry
+from components.base import registry, serving_state
 from components.base.config import DEFAULT_DRIFT, PipelineConfig
 from components.base.errors import actionable_cause
 from components.base.registry import complete_versions as pushed_versions
@@ -134,7 +134,7 @@ def loop(object_store, tmp_path_factory) -> types.SimpleNamespace:
     seen = types.SimpleNamespace(bucket=bucket, config=config)
 
     def served() -> int | None:
-        return registry.served_version(config.serving_model_dir, config.model_name)
+        return serving_state.read(config.serving_model_dir, config.model_name).stable
 
     data.write_span(config.data_root, 0, 4000)
     # `tkp run` is killed (SIGKILL) once its Trainer has backed up epoch 1; running the

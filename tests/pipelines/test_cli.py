@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from components.base import storage
+from components.base import release, serving_state, storage
 from components.base.config import SPEC_PATH
 from components.base.object_store import EmbeddedObjectStore, s3_client
 from components.use_cases.taxi import data as taxi_data
@@ -233,7 +233,7 @@ def test_models_and_rollback_as_an_operator_uses_them(tmp_path, object_store):
         storage.write_bytes(f"{folder}/{version}/saved_model.pb", b"graph")
         record = {"spans": {str(version): "f"}, "baseline_version": version - 1 or None}
         registry.write_record(folder, version, record)
-    registry.serve(folder, "taxi-tips", 2, why="push")
+    release.release_pushed(folder, "taxi-tips", 2, 1, "immediate", why="push")
     endpoint = {"AWS_ENDPOINT_URL_S3": s3_client().meta.endpoint_url}
 
     def tkp(*args: str):
@@ -241,7 +241,7 @@ def test_models_and_rollback_as_an_operator_uses_them(tmp_path, object_store):
 
     listed = tkp("models", "list")
     assert listed.returncode == 0, listed.stderr
-    assert re.search(r"^\s+2  SERVED .*\n\s+1  ready ", listed.stdout, re.M), listed.stdout
+    assert re.search(r"^\s+2  SERVED .*\n\s+1  loaded ", listed.stdout, re.M), listed.stdout
     shown = tkp("models", "show", "2")
     assert (
         shown.returncode == 0 and "Lineage (each beat the one after it): v2 <- v1" in shown.stdout
@@ -250,10 +250,10 @@ def test_models_and_rollback_as_an_operator_uses_them(tmp_path, object_store):
     missing = tkp("rollback", "7")
     assert missing.returncode == 1
     assert "error: version 7 does not exist under" in missing.stderr and "[1, 2]" in missing.stderr
-    assert registry.served_version(folder, "taxi-tips") == 2
+    assert serving_state.read(folder, "taxi-tips").stable == 2
 
     rolled = tkp("rollback")
     assert rolled.returncode == 0, rolled.stderr
     assert rolled.stdout.strip().endswith("TF Serving loads it at its next config poll.")
     assert "Version 1 serves now (was 2)" in rolled.stdout
-    assert registry.served_version(folder, "taxi-tips") == 1
+    assert serving_state.read(folder, "taxi-tips").stable == 1

@@ -17,7 +17,7 @@ import pytest
 import requests
 from google.protobuf import json_format
 
-from components.base import registry, storage
+from components.base import registry, serving_state, storage
 from components.base.config import DEFAULT_DRIFT, PipelineConfig
 from components.base.errors import actionable_cause
 from components.training.export import RAW_SIGNATURE
@@ -70,7 +70,7 @@ def image_loop(object_store, tmp_path_factory) -> types.SimpleNamespace:
     seen = types.SimpleNamespace(config=config)
 
     def served() -> int | None:
-        return registry.served_version(config.serving_model_dir, config.model_name)
+        return serving_state.read(config.serving_model_dir, config.model_name).stable
 
     data.write_span(config.data_root, 0, IMAGES, use_case="images")
     seen.first = run_pipeline(config)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from components.base import registry, storage
+from components.base import registry, serving_state, storage
 from components.base.config import PipelineConfig
 from components.base.errors import actionable_cause
 from components.base.registry import complete_versions as pushed_versions
@@ -128,7 +128,9 @@ def test_a_span_with_broken_labels_is_not_blessed_and_the_served_model_stays(loo
 def test_rollback_serves_the_previous_version_and_the_list_shows_it(loop):
     assert loop.rollback.startswith("Version 1 serves now (was 2)")
     assert loop.served_after_rollback == 1
-    rows = [line.split()[:2] for line in loop.listing.splitlines()[2:]]
+    rows = [
+        line.split()[:2] for line in loop.listing.splitlines()[2:] if line[:7].strip().isdigit()
+    ]
     assert rows == [["2", "ready"], ["1", "SERVED"]]
 
 
@@ -142,7 +144,7 @@ def test_each_gate_can_stop_a_candidate_and_a_relaxed_gate_lets_it_through(loop,
         min_auc=0.0, min_accuracy=0.0, max_auc_drop=0.05,
     )  # fmt: skip
     data.write_span(config.data_root, 0, 4000, seed=7)  # other rows: the same would be old data
-    served = registry.served_version(config.serving_model_dir, config.model_name)
+    served = serving_state.read(config.serving_model_dir, config.model_name).stable
 
     dropped = run_pipeline(config)
     assert_gate_agrees(dropped, config)
@@ -162,7 +164,7 @@ def test_each_gate_can_stop_a_candidate_and_a_relaxed_gate_lets_it_through(loop,
     assert inaccurate.trained is True and inaccurate.blessed is False
     assert len(inaccurate.validation_failures) == 1
     assert inaccurate.validation_failures[0].startswith("binary_accuracy value")
-    assert registry.served_version(config.serving_model_dir, config.model_name) == served
+    assert serving_state.read(config.serving_model_dir, config.model_name).stable == served
 
     # Nothing can fail now: AUC and accuracy are never below 0, an AUC change never below -1,
     # and the served version 1 is the best of its lineage (index 0, so the slide floor is -1).
@@ -172,7 +174,7 @@ def test_each_gate_can_stop_a_candidate_and_a_relaxed_gate_lets_it_through(loop,
     assert accepted.baseline_version == served
     assert accepted.blessed is True and accepted.validation_failures == []
     pushed = int(accepted.pushed_path.rsplit("/", 1)[1])
-    assert registry.served_version(config.serving_model_dir, config.model_name) == pushed
+    assert serving_state.read(config.serving_model_dir, config.model_name).stable == pushed
 
 
 def _bad_span_config(loop, tmp_path, name: str) -> PipelineConfig:

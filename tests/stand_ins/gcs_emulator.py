@@ -6,8 +6,9 @@ system and google-cloud-storage reach it through `STORAGE_EMULATOR_HOST` (google
 `_get_storage_emulator_override`); `components/base/storage.py` then connects anonymously.
 What it does not play (gcp_storage_emulator/handlers/objects.py, 2026.7.19), so no test may lean
 on it: authentication and IAM (it accepts any request); paging (a listing comes back whole, never
-with a `nextPageToken`, where GCS pages at 1,000 objects); preconditions (`ifGenerationMatch`
-and the like are ignored); errors a real bucket answers (429 rate limits, 5xx), so no retry is
+with a `nextPageToken`, where GCS pages at 1,000 objects); preconditions other than an upload's
+`ifGenerationMatch`, which tests/stand_ins/gcs_emulator_main.py plays (the rest it refuses);
+errors a real bucket answers (429 rate limits, 5xx), so no retry is
 exercised. TensorFlow's own `gs://` client cannot be pointed at it (its endpoints are compiled
 in), so any `gs://` read that bypasses the project's storage layer fails here instead of
 passing: that is what the `gs://` tests prove.
@@ -35,9 +36,9 @@ def running(bucket: str, log: Path) -> Iterator[str]:
     port = free_port()
     output = log.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-         "--port", str(port), "--default-bucket", bucket, "--in-memory", "--quiet"],
-        stdout=output, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "tests.stand_ins.gcs_emulator_main", "start", "--host",
+         "127.0.0.1", "--port", str(port), "--default-bucket", bucket, "--in-memory", "--quiet"],
+        stdout=output, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     host = f"http://127.0.0.1:{port}"
     try:

@@ -31,7 +31,7 @@ from tfx.types import Channel, artifact_utils, standard_artifacts
 from tfx.types.standard_artifact_utils import ARTIFACT_TFX_VERSION_CUSTOM_PROPERTY_KEY
 from tfx.utils import path_utils
 
-from components.base import registry, spans, storage
+from components.base import registry, release, serving_state, spans, storage
 from components.base.use_case import load as load_use_case
 from components.steps import warmup
 from components.steps.baseline import BASELINE_VERSION_KEY, LatestPushedModelExecutor
@@ -164,7 +164,7 @@ def _push(
         data.write_span(data_root, 0, 20)
     selection, _ = _select_spans(data_root, LATEST_SPAN, tmp_path, serving_root=serving_root)
     # Compared with what serves now (else the Pusher refuses: another run pushed meanwhile).
-    served = registry.served_version(f"{serving_root}/{MODEL_NAME}", MODEL_NAME)
+    served = serving_state.read(f"{serving_root}/{MODEL_NAME}", MODEL_NAME).stable
     baseline = standard_artifacts.Model()
     baseline.set_int_custom_property(BASELINE_VERSION_KEY, -1 if served is None else served)
     pushed = standard_artifacts.PushedModel()
@@ -409,7 +409,7 @@ def test_push_takes_the_number_after_the_highest_version_and_copies_every_file(
     for version, files in existing.items():
         assert _files_under(f"{versions_dir}/{version}") == files
     assert set(storage.numbered_children(versions_dir)) == {1, 5, 7, 8}
-    assert registry.served_version(versions_dir, MODEL_NAME) == 8  # models.config pins it
+    assert serving_state.read(versions_dir, MODEL_NAME).stable == 8  # models.config pins it
     record = registry.read_record(versions_dir, 8)
     assert record["spans"] and record["metrics"]["overall"]["auc"] == 0.8
     assert record["baseline_version"] == 5 and record["code_version"].startswith("0.1.0+")
@@ -444,7 +444,7 @@ def test_a_model_compared_with_a_version_that_no_longer_serves_is_not_pushed(
 
     assert pushed.get_int_custom_property("pushed") == 0
     assert sorted(registry.complete_versions(versions_dir)) == [1, 2]
-    assert registry.served_version(versions_dir, MODEL_NAME) == 2
+    assert serving_state.read(versions_dir, MODEL_NAME).stable == 2
     outcome = registry.trained_outcome(versions_dir, selection.get_string_custom_property(
         "input_fingerprint"))  # fmt: skip
     assert "version 2 serves now" in outcome["reason"] and "force=1" in outcome["reason"]
@@ -485,7 +485,7 @@ def test_a_model_that_is_not_blessed_is_not_pushed(object_store, tmp_path):
     assert not pushed.has_custom_property("pushed_destination")
     versions_dir = f"{serving_root}/{MODEL_NAME}"
     assert storage.numbered_children(versions_dir) == {}
-    assert registry.served_version(versions_dir, MODEL_NAME) is None
+    assert serving_state.read(versions_dir, MODEL_NAME).stable is None
     # The input still counts as trained: the next run on the same data ends early.
     (outcome,) = [registry.trained_outcome(versions_dir, p.rsplit("/", 1)[1][:-5])
                   for p in storage.list_files(f"{versions_dir}/_trained/*.json")]  # fmt: skip
@@ -528,7 +528,7 @@ def test_baseline_is_the_served_version_not_the_highest_number(object_store, tmp
         _write_files(f"{versions_dir}/{version}", _version_files(f"v{version}"))
         record = {"quality_index": quality, "baseline_version": version - 1 or None}
         registry.write_record(versions_dir, version, record)
-    registry.rollback(versions_dir, MODEL_NAME, 2)  # what `tkp rollback 2` writes
+    release.rollback(versions_dir, MODEL_NAME, 2)  # what `tkp rollback 2` writes
     baseline = _run_baseline(serving_root, tmp_path)
 
     assert baseline.get_int_custom_property(BASELINE_VERSION_KEY) == 2

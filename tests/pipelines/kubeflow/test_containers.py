@@ -25,7 +25,7 @@ import urllib.parse
 
 import pytest
 
-from components.base import registry, storage, use_case
+from components.base import serving_state, storage, use_case
 from components.base.config import REPO_ROOT, SECRET_KEYS, WORK_DIR, PipelineConfig
 from components.base.registry import complete_versions as pushed_versions
 from components.base.registry import versions_dir as serving_model_dir
@@ -145,7 +145,7 @@ def test_compiled_spec_runs_each_task_in_its_own_container_and_pushes(
     assert executed == set(run.tasks)  # every task ran in a container, once
     versions = pushed_versions(model_dir)
     assert list(versions) == [1]
-    assert registry.served_version(model_dir, config.model_name) == 1
+    assert serving_state.read(model_dir, config.model_name).stable == 1
     scores, _ = kit.of(name).served_scores(versions[1], data_root, 0, 48)  # 12 of 4 classes
     assert scores.shape == (48, len(kit.of(name).class_names))
     # The step's log comes from inside its container: the image's paths, not the host's.

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import json_format
 from kfp.kubernetes import kubernetes_executor_config_pb2
 
-from components.base import registry, storage, use_case
+from components.base import serving_state, storage, use_case
 from components.base.config import (
     REPO_ROOT,
     RULES,
@@ -243,7 +243,7 @@ def test_compiled_spec_on_the_newest_kfp_trains_on_new_data_only_and_pushes_only
     versions = pushed_versions(model_dir)
     assert list(versions) == [1]
     assert "Pushed: version 1" in _check_run_report(backend, first, pushed_version=1)
-    assert registry.served_version(model_dir, config.model_name) == 1
+    assert serving_state.read(model_dir, config.model_name).stable == 1
     # The use case's SETTINGS say what its models measured on these rows; an untrained model's
     # are about 0 apart.
     assert kit.of(case).separation(versions[1], data_root, 0, 200) > settings.separation

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from components.base import registry
+from components.base import release, serving_state
 from components.steps import warmup
 from components.steps.pusher import push_version
 from pipelines.serving.model_server import ModelManager
@@ -25,13 +25,16 @@ def frame_rows(frame) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(frame.to_csv(index=False, na_rep=""))))
 
 
-def push(folder: str, model: str, model_dir: str, version: int, examples: list[bytes]) -> None:
-    """What the Pusher publishes: the files, the warm-up requests, the model config file."""
+def push(folder: str, model: str, model_dir: str, version: int, examples: list[bytes],
+         mode: str = "immediate") -> None:  # fmt: skip
+    """What the Pusher publishes: the files, the warm-up requests, then the release (`mode`:
+    the config's release_mode) judged against the stable version."""
     rows = [tf.train.Example.FromString(e) for e in examples]
     pb = open(f"{model_dir}/saved_model.pb", "rb").read()
     extra = {warmup.WARMUP_PATH: warmup.warmup_records(model, pb, rows)}
     push_version(model_dir, folder, version, extra)
-    registry.serve(folder, model, version, why="push")
+    stable = serving_state.read(folder, model, unreleased=version).stable
+    release.release_pushed(folder, model, version, stable, mode, why="push")
 
 
 @dataclass

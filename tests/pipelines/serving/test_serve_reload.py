@@ -11,7 +11,8 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from components.base import registry, storage
+from components.base import registry, release, serving_state, storage
+from components.steps.pusher import push_version
 from pipelines.serving.model_server import ModelManager
 from pipelines.serving.serving_client import ServingClient
 from tests.pipelines.serving.served import frame_rows, push, serving
@@ -69,13 +70,13 @@ def test_push_rollback_and_a_broken_version_while_requests_flow(
             push(folder, model, fn_args.serving_model_dir, 2, examples)  # what the Pusher does
             wait_until(lambda: client.serving_version() == 2, "version 2 to serve")
             assert (2, "LOADING") in traffic.states  # answered by version 1 meanwhile
-            registry.rollback(folder, model)  # `tkp rollback`
+            release.rollback(folder, model)  # `tkp rollback`
             wait_until(lambda: client.serving_version() == 1, "the rollback to version 1")
 
             # A version whose saved_model.pb is garbage: never loaded, version 1 keeps serving.
             storage.copy_tree(f"{folder}/1", f"{folder}/3")
             storage.write_bytes(f"{folder}/3/saved_model.pb", b"not a SavedModel")
-            registry.serve(folder, model, 3, why="test: a corrupted push")
+            release.release_pushed(folder, model, 3, 1, "immediate", "test: a corrupted push")
             wait_until(lambda: any(s.startswith("Version 3 failed") for s in said), "the failure")
             answered = traffic.answered
             wait_until(lambda: traffic.answered > answered + 3, "answers after the failure")
@@ -87,13 +88,17 @@ def test_push_rollback_and_a_broken_version_while_requests_flow(
     assert statuses[1]["state"] == "AVAILABLE" and statuses[2]["state"] == "END"
     assert statuses[3]["state"] == "END" and statuses[3]["status"]["error_code"] != "OK"
     assert statuses[3]["status"]["error_message"]
-    assert "version 1 keeps serving" in said[-1]
-    # The mirror the server reads, as TF Serving would: every version, and a config pinning 3.
+    assert any("Version 3 failed" in s and "version 1 keeps serving" in s for s in said)
+    assert said[-1] == ("Labels not applied (stable -> 3: not loaded); the labels in force stay "
+                        "(stable 1).")  # fmt: skip
+    # The mirror the server reads, as TF Serving would: every version, and a config listing the
+    # loaded ones (1, and 3 that failed), without labels (no model server was asked).
     local = model_server_config_pb2.ModelServerConfig()
     text_format.Parse((cache / "models.config").read_text(), local)
     (entry,) = local.model_config_list.config
     assert entry.base_path == str(cache / model)
-    assert list(entry.model_version_policy.specific.versions) == [3]
+    assert list(entry.model_version_policy.specific.versions) == [1, 3]
+    assert dict(entry.version_labels) == {}
     assert sorted(p.name for p in (cache / model).iterdir()) == ["1", "2", "3"]
 
 
@@ -117,8 +122,10 @@ def test_serve_and_serving_sync_from_the_command_line(
     model = tabular_use_case_model.model_name
     bucket = object_store.new_bucket("serve-cli")
     folder = f"s3://{bucket}/serving/{model}"
-    push(folder, model, fn_args.serving_model_dir, 1,
-         tabular_use_case_model.to_examples(eval_frame.head(4), with_label=False))  # fmt: skip
+    # A serving directory from before the serving state's log: models.config pins version 1.
+    push_version(fn_args.serving_model_dir, folder, 1)
+    pinned = serving_state.model_config_text(folder, model, {}, [1]).encode()
+    storage.write_bytes(f"{folder}/{registry.MODEL_CONFIG_FILE}", pinned)
     # The use case's config, as a user of it sets it (its model name is a default of it).
     env = dict(AWS_ENDPOINT_URL_S3=object_store.endpoint,
                PIPELINE_USE_CASE=tabular_use_case_model.name,
@@ -126,7 +133,7 @@ def test_serve_and_serving_sync_from_the_command_line(
 
     synced = run(tmp_path, "serving-sync", "--target", str(tmp_path / "models"), "--once", **env)
     assert synced.returncode == 0, synced.stderr
-    assert "version 1 serves; copied [1]" in synced.stdout
+    assert "stable 1 (loaded: 1); copied [1]" in synced.stdout
     assert (tmp_path / "models" / model / "1" / "saved_model.pb").exists()
     assert f"base_path: \"{tmp_path / 'models' / model}\"" in (
         tmp_path / "models" / "models.config").read_text()  # fmt: skip
@@ -137,19 +144,21 @@ def test_serve_and_serving_sync_from_the_command_line(
     server.wait_for("TF Serving REST API at")
     client = ServingClient(f"http://127.0.0.1:{port}", model, use_case=tabular_use_case_model.name)
     assert len(client.predict_examples(frame_rows(eval_frame.head(3)))) == 3
-    registry.write_record(folder, 1, {})
-    storage.write_bytes(f"{folder}/{registry.MODEL_CONFIG_FILE}", b"not a config {")
-    server.wait_for("Could not read the served versions")  # and it keeps serving
+    # A model config file broken by hand: said once (not at every poll), version 1 serves on.
+    config_file = f"{folder}/{registry.MODEL_CONFIG_FILE}"
+    storage.write_bytes(config_file, b"not a config {")
+    server.wait_for("Could not read the served versions")
+    time.sleep(2.5)  # five polls
     assert client.serving_version() == 1
     server.process.terminate()
     code, out, err = server.finish()
     assert code != 0 and "Stopping: received SIGTERM" in err
+    assert out.count("Could not read the served versions") == 1, out
+    assert f"{config_file} is not a TF Serving model config" in out
 
     broken = run(tmp_path, "serving-sync", "--target", str(tmp_path / "m2"), "--once", **env)
     assert broken.returncode == 1
-    assert (
-        f"{folder}/{registry.MODEL_CONFIG_FILE} is not a TF Serving model config" in broken.stderr
-    )
+    assert f"{config_file} is not a TF Serving model config" in broken.stderr
     away = dict(env, AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{free_port()}")
     down = run(tmp_path, "serving-sync", "--target", str(tmp_path / "m3"), "--once", **away)
     assert down.returncode == 1 and f"cannot read {folder}" in down.stderr

@@ -239,7 +239,7 @@ def flags(container: dict) -> dict[str, str]:
 
 
 def sync_options(container: dict) -> dict[str, str | bool]:
-    """`tkp serving-sync` options: --target DIR, --interval N, --once."""
+    """`tkp serving-sync` options: --target DIR, --interval N, --once, --model-server URL."""
     command = container["command"]
     assert command[:2] == ["tkp", "serving-sync"], command
     options: dict[str, str | bool] = {}
@@ -249,7 +249,7 @@ def sync_options(container: dict) -> dict[str, str | bool]:
         if option == "--once":
             options["once"] = True
         else:
-            assert option in ("--target", "--interval"), f"unknown option {option}"
+            assert option in ("--target", "--interval", "--model-server"), f"unknown {option}"
             options[option[2:]] = rest.pop(0)
     return options
 
@@ -498,7 +498,9 @@ def test_sync_containers_write_where_tf_serving_reads_its_model_config(manifest)
     (sidecar,) = [c for c in pod["containers"] if c is not server]
     assert sync_containers(pod) == [init, sidecar]
     assert sync_options(init) == {"target": config_dir, "once": True}
-    assert sync_options(sidecar) == {"target": config_dir, "interval": "10"}
+    port = flags(server)["rest_api_port"]  # labels follow what this TF Serving has loaded
+    assert sync_options(sidecar) == {"target": config_dir, "interval": "10",
+                                     "model-server": f"http://localhost:{port}"}  # fmt: skip
     for container in (init, sidecar):
         mount = mount_of(container, volume)
         assert mount["mountPath"] == config_dir and not mount.get("readOnly")

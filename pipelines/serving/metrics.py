@@ -1,0 +1,121 @@
+"""`tkp serve`'s Prometheus metrics, at TF Serving's path `/monitoring/prometheus/metrics`
+(util/prometheus_exporter.cc kPrometheusPath at 2.16.1).
+
+TF Serving's own metrics carry the model but no version or label
+(`:tensorflow:serving:request_count{model_name, status}`, servables/tensorflow/util.cc); that one
+is kept under its name, so a dashboard built for TF Serving reads this server too. The figures a
+release is judged on (components/base/live_release.py) are per version and label:
+requests by HTTP code, a latency histogram (TF Serving's buckets: 10 us x 1.8^i, 33 of them,
+tsl/lib/monitoring/sampler.cc ExponentialBuckets(10, 1.8, 33) in us), and a histogram of the
+predictions (one value per instance: a single output's score, or a classifier's top class).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from components.base import live_release
+
+disable_created_metrics()  # no `_created` series: TF Serving writes none
+PATH = "/monitoring/prometheus/metrics"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = tuple(10e-6 * 1.8**i for i in range(33))
+# Scores in [0, 1] in tenths; class indexes 0..99 each in its own bucket above that.
+_PREDICTION_BUCKETS = tuple(i / 10 for i in range(1, 11)) + tuple(float(i) + 0.5 for i in
+                                                                  range(1, 100))  # fmt: skip
+
+
+class ServingMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("model_name", "version", "label")
+        self.requests = Counter(live_release.REQUESTS, "Requests by version, label and HTTP code",
+                                (*labels, "code"), registry=self.registry)  # fmt: skip
+        self.latency = Histogram(live_release.LATENCY, "Request latency in seconds", labels,
+                                 buckets=_LATENCY_BUCKETS, registry=self.registry)  # fmt: skip
+        what = "Each instance's score (a single output) or top class (several)"
+        self.predictions = Histogram(
+            live_release.PREDICTION, what, labels, buckets=_PREDICTION_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.tf_serving = _TfServingRequestCount()
+
+    def record(self, model: str, version: int | None, label: str, code: int, status: str,
+               seconds: float, payload: dict | None) -> None:  # fmt: skip
+        self.tf_serving.inc(model, status)
+        if version is None:  # refused before a version was found (bad path, unknown model)
+            return
+        names = (model, str(version), label)
+        self.requests.labels(*names, str(code)).inc()
+        self.latency.labels(*names).observe(seconds)
+        if code == 200 and payload is not None:
+            for value in prediction_values(payload):
+                self.predictions.labels(*names).observe(value)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry) + self.tf_serving.text().encode()
+
+
+class _TfServingRequestCount:
+    """TF Serving's `:tensorflow:serving:request_count{model_name, status}` exactly as its exporter
+    writes it (a counter without prometheus_client's `_total` suffix; util/prometheus_exporter.cc):
+    every request, status "OK" or the error code's name."""
+
+    NAME = ":tensorflow:serving:request_count"
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def inc(self, model: str, status: str) -> None:
+        with self._lock:
+            self._counts[(model, status)] = self._counts.get((model, status), 0) + 1
+
+    def text(self) -> str:
+        """Its lines as TF Serving writes them (prometheus_exporter.cc: `# TYPE name counter`,
+        then one line per label set; prometheus_client would add `_total` to the name)."""
+        with self._lock:
+            counts = sorted(self._counts.items())
+        if not counts:
+            return ""
+        lines = [f"# TYPE {self.NAME} counter"]
+        for (model, status), count in counts:
+            lines.append(f'{self.NAME}{{model_name="{_quoted(model)}",status="{status}"}} {count}')
+        return "\n".join(lines) + "\n"
+
+
+def _quoted(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prediction_values(payload: dict) -> list[float]:
+    """One value per instance of a :predict, :classify or :regress answer: a single output's
+    value, or the index of the highest of several (a classifier's class)."""
+    if "predictions" in payload:
+        rows = payload["predictions"]
+    elif "results" in payload:
+        rows = payload["results"]
+    else:
+        return []
+    values = []
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict):  # several named outputs: the first by name
+            row = row[sorted(row)[0]] if row else None
+        if isinstance(row, list) and row and isinstance(row[0], list):  # :classify [[class, s]]
+            row = [pair[1] for pair in row]
+        if isinstance(row, int | float):
+            values.append(float(row))
+        elif isinstance(row, list) and len(row) == 1 and isinstance(row[0], int | float):
+            values.append(float(row[0]))
+        elif isinstance(row, list) and row and all(isinstance(v, int | float) for v in row):
+            values.append(float(max(range(len(row)), key=row.__getitem__)))
+    return values
