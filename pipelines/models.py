@@ -61,8 +61,11 @@ def list_versions(config: PipelineConfig) -> str:
         )
     if broken:
         lines.append(f"NOTHING SERVES: {broken}")
-    elif served.generation == 0 and served.stable is not None:
-        if registry.configured_version(folder, config.model_name) is None:
+    elif served.generation == 0:
+        if (
+            served.stable is not None
+            and registry.configured_version(folder, config.model_name) is None
+        ):
             no_file = f"no {registry.MODEL_CONFIG_FILE} yet"
             lines.append(f"({no_file}: TF Serving serves the highest version)")
     else:

@@ -326,7 +326,8 @@ class ReleaseJudge:
 
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config
-        self._said: set[str] = set()
+        self._said: set[str] = set()  # what was said about the current release (or outage)
+        self._release: tuple | None = None
 
     def __call__(self) -> None:
         from components.base import live_release, release
@@ -337,13 +338,18 @@ class ReleaseJudge:
         except (live_release.MetricsUnavailable, registry.RegistryError) as error:
             self._once(f"release: {error}", error=True)
             return
+        self._said = {line for line in self._said if not line.startswith("release: ")}
         if judged is None:
             return
         state, verdict = judged
+        if self._release != (state.canary, state.release.get("started")):  # another release
+            self._release, self._said = (state.canary, state.release.get("started")), set()
         figures, why = json.dumps(verdict.figures, sort_keys=True), "; ".join(verdict.reasons)
         if verdict.action == live_release.WAIT:
-            self._once(f"release of canary {state.canary} beside stable {state.stable}: "
-                       f"judged once {' and '.join(verdict.reasons)} ...")  # fmt: skip
+            policy = state.release["policy"]
+            self._once(f"release of canary {state.canary} beside stable {state.stable}: judged "
+                       f"after {policy['min_requests']} canary requests and "
+                       f"{policy['min_minutes']:g} min (so far: {why})")  # fmt: skip
         elif verdict.action == live_release.PROMOTE:
             console.say(f"Canary {state.canary} promoted: stable now, {state.stable} kept loaded "
                         f"for a rollback ({why}). Figures: {figures}")  # fmt: skip
@@ -352,7 +358,7 @@ class ReleaseJudge:
                         f"serves on: {why}. Figures: {figures}")  # fmt: skip
 
     def _once(self, line: str, error: bool = False) -> None:
-        key = line.split(" judged once ")[0]  # a waiting release: said once, not each count
+        key = line.split(" (so far: ")[0]  # a waiting release: said once, not at each count
         if key in self._said:
             _log.info("%s", line)
             return

@@ -340,7 +340,7 @@ RUN_PARAMETER_HELP: dict[str, str] = {
     "max_auc_drop": "How far the AUC may fall below the served model's on the same data "
                     "(and below the best version's) before the model is not pushed. "
                     "Allowed: 0 to 1.",
-    "serving_root": "Folder TF Serving loads from: `<serving_root>/<model_name>/<version>/`. "
+    "serving_root": "Folder of the served versions: `<serving_root>/<model_name>/<version>/`. "
                     "Allowed: s3://BUCKET/..., gs://BUCKET/... or a local path.",
     "model_name": "The served model's name, one folder under serving_root. Allowed: letters, "
                   "digits, '.', '_', '-', starting with a letter or digit.",

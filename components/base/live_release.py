@@ -5,8 +5,10 @@ The metrics are the ones `tkp serve` exposes (pipelines/serving/metrics.py), per
 version: `tkp_serving_requests_total{model_name, version, label, code}`,
 `tkp_serving_request_latency_seconds` (a histogram) and `tkp_serving_prediction` (a histogram of
 each instance's score: a single output's value, or a classifier's top class index). The window:
-the canary's figures since it was loaded, stable's since its server started; a decision waits for
-`min_requests` canary requests and `min_minutes` since the release began.
+the canary's figures since it was loaded, stable's since its server started (so stable's include
+traffic from before the release: a steadier reference, but not the same hours); a decision waits
+for `min_requests` canary requests, `min_minutes` since the release began, and some stable
+traffic to compare with.
 """
 
 from __future__ import annotations
@@ -156,6 +158,8 @@ def judge(release: dict[str, Any], by_version: dict[int, Figures],
                        "requests")  # fmt: skip
     if minutes < policy["min_minutes"]:
         waiting.append(f"{minutes:.1f} of {policy['min_minutes']:g} minutes passed")
+    if stable.requests == 0:
+        waiting.append("stable answered no request yet (nothing to compare with)")
     if waiting:
         return Verdict(WAIT, waiting, figures)
     failures = []

@@ -187,16 +187,22 @@ def lineage(folder: str, version: int) -> list[int]:
     return chain
 
 
-def prune(folder: str, keep: int, protected: set[int], newest_kept: int) -> list[int]:
+def prune(folder: str, keep: int, protected: set[int], newest_kept: int,
+          unchanged=lambda: True) -> list[int]:  # fmt: skip
     """Deletes complete versions beyond the newest `keep`, never a `protected` one (served,
     labelled, or where a rollback returns) nor any above `newest_kept` (after a rollback those
     are kept until a newer version serves); their records stay. Half-written versions are left
-    for a person to look at. Returns the deleted version numbers."""
+    for a person to look at. `unchanged()` is asked before each deletion: False stops (what
+    protects a version may have changed). Returns the deleted version numbers."""
     complete = sorted(complete_versions(folder), reverse=True)
     doomed = [v for v in complete[keep:] if v not in protected and v < newest_kept]
+    deleted = []
     for version in doomed:
+        if not unchanged():
+            break
+        deleted.append(version)
         # saved_model.pb first: a half-deleted version is no longer complete to any reader.
         path = storage.join(folder, str(version))
         storage.delete_files([storage.join(path, "saved_model.pb")])
         storage.delete_tree(path)
-    return doomed
+    return deleted

@@ -169,7 +169,10 @@ def prune(folder: str, model_name: str, keep: int) -> list[int]:
     if state.stable is None:
         return []
     protected = {*state.loaded, *state.labels.values(), previous_stable(folder, state.stable)}
-    return registry.prune(folder, keep, protected, state.stable)
+    # A rollback committed meanwhile may label a version this state would delete: each deletion
+    # waits until the log still ends at this state.
+    unchanged = lambda: newest_generation(folder) == state.generation  # noqa: E731
+    return registry.prune(folder, keep, protected, state.stable, unchanged)
 
 
 def _now() -> str:

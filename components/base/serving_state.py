@@ -10,8 +10,11 @@ changed. The log is also the registry's history of every label change and its re
 
 `models.config` beside the versions is TF Serving's view of the state, rewritten after each
 change (`model_version_policy { specific }` lists the loaded versions, `version_labels` the
-labels). A serving directory from before the log (or with none yet) is read from that file, or
-the highest complete version, and `_registry/served.json` as history; its first change starts
+labels); nothing reads it back once the log exists (a crash between the two writes, or a slow
+writer, can leave it a change behind). A TF Serving reads the copy that `tkp serving-sync`
+writes, which adds a label only once its version is loaded (pipelines/serving/serving_sync.py).
+A serving directory from before the log (or with none yet) is read from that file, or the
+highest complete version, and `_registry/served.json` as history; its first change starts
 the log.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import uuid
 from typing import Any
 
 from google.protobuf import text_format
@@ -84,8 +88,8 @@ def _parse(path: str, data: bytes) -> ServingState:
         )
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise RegistryError(
-            f"{path} is not a serving state ({type(e).__name__}: {e}); it was written once by "
-            "this project and is never edited: restore it from the store's backup"
+            f"{path} is not a serving state ({type(e).__name__}: {e}); it is written once and "
+            "never edited: `tkp rollback N` writes a new state serving version N"
         ) from e
 
 
@@ -188,10 +192,14 @@ def commit(folder: str, model_name: str, base: ServingState, labels: dict[str, i
                                 f"(complete: {sorted(complete)})")  # fmt: skip
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     change = {"what": what, "why": why, "time": now, **({"figures": figures} if figures else {})}
+    # Which writer this is: a create whose answer was lost and whose retry was refused (412) is
+    # this writer's own when the object there carries its token.
+    change["writer"] = uuid.uuid4().hex
     state = ServingState(base.generation + 1, dict(labels), tuple(sorted(loaded)), release, change)
     path = _log_path(folder, state.generation)
-    if not storage.create_exclusive(path, json.dumps(state.to_json(), indent=2).encode()):
-        winner = _parse(path, storage.read_bytes(path))
+    created = storage.create_exclusive(path, json.dumps(state.to_json(), indent=2).encode())
+    winner = state if created else _parse(path, storage.read_bytes(path))
+    if winner.change.get("writer") != change["writer"]:
         raise ConcurrentChange(
             f"the serving state of {model_name!r} changed while this {what} was deciding: "
             f"{winner.change.get('what')} at {winner.change.get('time')} "

@@ -13,6 +13,7 @@ import os
 import posixpath
 import re
 import shutil
+import time
 from typing import NamedTuple
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -323,14 +324,19 @@ def create_exclusive(path: str, data: bytes) -> bool:
         from components.base.object_store import s3_client
 
         bucket, key = split_s3(path)
-        try:
-            s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-        except Exception as e:
-            code = getattr(e, "response", {}).get("Error", {}).get("Code")
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                return False
-            raise store_error(f"cannot write {path}", e) from e
-        return True
+        for attempt in range(3):
+            try:
+                s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+                return True
+            except Exception as e:
+                code = getattr(e, "response", {}).get("Error", {}).get("Code")
+                if code in ("PreconditionFailed", "412"):
+                    return False
+                # AWS: another conditional write to the key was under way; it asks for a retry.
+                if code == "ConditionalRequestConflict" and attempt < 2:
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+                raise store_error(f"cannot write {path}", e) from e
     if path.startswith("gs://"):
         return _gcs_create_exclusive(path, data)
     if "://" in path:
@@ -344,6 +350,11 @@ def create_exclusive(path: str, data: bytes) -> bool:
         os.link(partial, path)
     except FileExistsError:
         return False
+    except OSError as e:  # a file system without hard links
+        raise StorageError(
+            f"cannot create {path} exclusively ({e}): the serving root needs a "
+            "file system with hard links, or an object store"
+        ) from e
     finally:
         os.unlink(partial)
     return True

@@ -48,10 +48,18 @@ class ServingMetrics:
             registry=self.registry,
         )  # fmt: skip
         self.tf_serving = _TfServingRequestCount()
+        self.shadow_dropped = Counter("tkp_serving_shadow_dropped", "Shadow copies dropped "
+                                      "because too many were waiting", ("model_name",),
+                                      registry=self.registry)  # fmt: skip
 
-    def record(self, model: str, version: int | None, label: str, code: int, status: str,
-               seconds: float, payload: dict | None) -> None:  # fmt: skip
+    def count_request(self, model: str, status: str) -> None:
+        """TF Serving's count: every client request (any method), by the model its path names
+        ("" when the path does not parse) and status "OK" or the error code's name."""
         self.tf_serving.inc(model, status)
+
+    def record(self, model: str, version: int | None, label: str, code: int, seconds: float,
+               payload: dict | None) -> None:  # fmt: skip
+        """One inference answer of `version` (a shadow copy's too: the canary's figures)."""
         if version is None:  # refused before a version was found (bad path, unknown model)
             return
         names = (model, str(version), label)

@@ -65,6 +65,7 @@ class ModelManager:
         self._stop = threading.Event()
         self._client, self._last_state = None, None  # see serving_sync.store_state
         self._broken_state = None  # the store's probe when its state last failed to read
+        self._labels_report = ""  # the last "Labels not applied" said
         self._thread: threading.Thread | None = None
         self.on_change = lambda line: None  # where the poller reports (the console)
         # When the store stops answering: says so once, follows the folder's store again
@@ -115,10 +116,13 @@ class ModelManager:
             # the labels in force stay, and so do the versions they name.
             kept = ", ".join(f"{k} {v}" for k, v in sorted(self.labels.items())) or "none"
             names = ", ".join(f"{k} -> {v}" for k, v in sorted(missing.items()))
-            self.on_change(f"Labels not applied ({names}: not loaded); the labels in force "
-                           f"stay ({kept}).")  # fmt: skip
+            report = f"Labels not applied ({names}: not loaded); the labels in force stay ({kept})."
+            if report != self._labels_report:  # once, also where every poll syncs (not s3://)
+                self.on_change(report)
+            self._labels_report = report
             wanted |= set(self.labels.values())
         elif state.labels != self.labels:
+            self._labels_report = ""
             self.labels = dict(state.labels)
             self.on_change(f"Serving {state.describe()}.")
         in_force = state.release and self.labels.get(CANARY) == state.release["canary"]
@@ -178,6 +182,8 @@ class ModelManager:
                     self.on_change(report)
                 self._last_error = report
             else:
+                if self._broken_state is not None:
+                    continue  # the same broken state, skipped: nothing has recovered
                 if self._last_error is not None:
                     self.on_change("Reading the served versions again.")
                 self._last_error = None
@@ -206,14 +212,20 @@ class ModelManager:
         release's routing picks (`stable` outside a release). `seen` (an inference request's)
         learns the version and label that answer, and whether a shadow copy is due; a fault
         drill on that version acts here."""
+        labels = dict(self.labels)  # one view: the poller may swap them meanwhile
         if seen is not None and not label and version is None and name == self.model_name:
             label = seen.get("force_label")
+            gone = label is not None and (label not in labels or labels[label] not in self.loaded)
+            if gone:  # a shadow copy whose canary went
+                raise ServingError("NOT_FOUND", "the canary is gone: the copy is dropped")
             if label is None:
                 label, seen["shadow"] = self.router.routed_version()
-            if label not in self.labels:
-                label = None  # nothing labelled yet: TF Serving's Latest
+            if label not in labels or labels[label] not in self.loaded:
+                label = None  # nothing labelled yet, or a canary just unloaded: `stable`'s
+                if STABLE in labels and labels[STABLE] in self.loaded:
+                    label = STABLE
         if label:
-            labels = self.labels if name == self.model_name else {}
+            labels = labels if name == self.model_name else {}
             if label not in labels:
                 raise invalid(f"Unrecognized servable version label: {label}")
             version = labels[label]
@@ -278,29 +290,38 @@ def _error_code(name: str) -> int:
 def handle(manager: ModelManager, method: str, path: str, body: bytes) -> tuple[int, dict]:
     """HttpRestApiHandler::ProcessRequest: (HTTP status, JSON body) for one request. Every
     failure answers in TF Serving's shape, an unexpected one as a 500 (its traceback logged).
-    An inference request is recorded in the metrics; in shadow mode its copy is then answered by
-    the canary in the background."""
+    Each request is counted as TF Serving counts it, an inference request's answer is recorded
+    for its version; in shadow mode its copy is then answered by the canary in the
+    background."""
     seen: dict = {}
     status, payload = _answer(manager, method, path, body, seen)
+    manager.metrics.count_request(_model_in(path), seen.get("status", "OK"))
     if seen.get("shadow"):
-        manager.router.shadow(lambda: _answer(manager, method, path, body,
-                                              {"force_label": CANARY}))  # fmt: skip
+        copy = {"force_label": CANARY}
+        if not manager.router.shadow(lambda: _answer(manager, method, path, body, copy)):
+            manager.metrics.shadow_dropped.labels(manager.model_name).inc()
     return status, payload
+
+
+def _model_in(path: str) -> str:
+    match = PREDICTION_PATH.fullmatch(path) or STATUS_PATH.fullmatch(path)
+    return (match.group(1) or "") if match else ""
 
 
 def _answer(manager: ModelManager, method: str, path: str, body: bytes,
             seen: dict) -> tuple[int, dict]:  # fmt: skip
     started = time.perf_counter()
     try:
-        status, payload, code = 200, _dispatch(manager, method, path, body, seen), "OK"
+        status, payload = 200, _dispatch(manager, method, path, body, seen)
     except ServingError as e:
-        status, payload, code = e.http_status, {"error": e.message}, e.code
+        status, payload, seen["status"] = e.http_status, {"error": e.message}, e.code
     except Exception as e:  # a bug here or an odd model: still {"error": ...}, never HTML
         _log.exception("request %s %s failed", method, path)
-        status, payload, code = 500, {"error": f"{type(e).__name__}: {e}"}, "INTERNAL"
+        status, payload = 500, {"error": f"{type(e).__name__}: {e}"}
+        seen["status"] = "INTERNAL"
     if method == "POST":
         manager.metrics.record(manager.model_name, seen.get("version"), seen.get("label", ""),
-                               status, code, time.perf_counter() - started, payload)  # fmt: skip
+                               status, time.perf_counter() - started, payload)  # fmt: skip
     return status, payload
 
 

@@ -5,7 +5,8 @@ Release mode "canary": `canary_percent` of those requests go to the canary, spre
 n-th goes there when n x percent crosses a multiple of 100), the rest to `stable`. Mode "shadow":
 `stable` answers each of them, and a copy is answered by the canary afterwards in a worker of its
 own, recorded but never returned; when copies pile up (more than SHADOW_BACKLOG waiting) new ones
-are dropped and counted, so the shadow never slows `stable`. A request naming a version or a
+are dropped and counted (`tkp_serving_shadow_dropped_total`), so the work the shadow adds to
+`stable`'s process is bounded. A request naming a version or a
 label is never rerouted.
 
 Fault drills (`drill`) make one version slower or failing on purpose, to try a release policy
@@ -40,7 +41,6 @@ class Router:
         self._failures: dict[int, itertools.count] = {}
         self._shadow = ThreadPoolExecutor(max_workers=2, thread_name_prefix="shadow")
         self._backlog = threading.BoundedSemaphore(SHADOW_BACKLOG)
-        self.shadow_dropped = 0
 
     def routed_version(self) -> tuple[str, bool]:
         """For a request naming neither version nor label: the label that answers it, and
@@ -71,11 +71,11 @@ class Router:
         if int(n * drill.error_share) > int((n - 1) * drill.error_share):
             raise ServingError("INTERNAL", f"fault drill: version {version} fails this request")
 
-    def shadow(self, answer) -> None:
-        """Runs `answer()` (the canary's copy) in the background unless the backlog is full."""
+    def shadow(self, answer) -> bool:
+        """Runs `answer()` (the canary's copy) in the background unless the backlog is full
+        (False: dropped)."""
         if not self._backlog.acquire(blocking=False):
-            self.shadow_dropped += 1
-            return
+            return False
 
         def run() -> None:
             try:
@@ -84,6 +84,7 @@ class Router:
                 self._backlog.release()
 
         self._shadow.submit(run)
+        return True
 
     def stop(self) -> None:
         self._shadow.shutdown(wait=False, cancel_futures=True)

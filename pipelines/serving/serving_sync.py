@@ -13,7 +13,8 @@ a whole config whose label names a version it has not loaded yet ("Request to as
 version N of model M, which is not currently available for inference", server_core.cc
 UpdateModelVersionLabelMap, checked before the new versions are loaded, so such a config never
 converges): a label is written only once the model server reports its version AVAILABLE
-(`available`, from `--model-server`); until then it is withheld and the sync runs again.
+(`available`, from `--model-server`); until then a moving label keeps its old version, and
+the check runs at every round (a restarted TF Serving has forgotten every label).
 """
 
 from __future__ import annotations
@@ -71,18 +72,68 @@ def sync_once(serving_model_dir: str, model_name: str, target: Path,
         if not (models / str(version) / "saved_model.pb").exists():
             _copy_version(source, models / str(version), target / _STAGING)
             result.copied.append(version)
-    if state.loaded:
-        ready = available or (lambda version: False)
-        labels = {label: v for label, v in state.labels.items() if ready(v)}
-        result.withheld = {k: v for k, v in state.labels.items() if k not in labels}
-        text = serving_state.model_config_text(str(models), model_name, labels, state.loaded)
-        storage.write_bytes(str(local_config_path(target)), text.encode())
+    written = write_local_config(target, model_name, state, available)
+    result.withheld = written.withheld
     for path in sorted(models.iterdir()) if models.exists() else []:
         number = int(path.name) if path.name.isdigit() else None
-        if number is not None and number not in complete and number not in state.loaded:
+        if number is not None and number not in complete and number not in written.versions:
             shutil.rmtree(path, ignore_errors=True)
             result.deleted.append(number)
     return result
+
+
+@dataclass
+class LocalConfig:
+    labels: dict[str, int] = field(default_factory=dict)  # the labels written
+    versions: set[int] = field(default_factory=set)  # the versions listed
+    withheld: dict[str, int] = field(default_factory=dict)  # labels waiting for their version
+
+    def describe(self) -> str:
+        written = ", ".join(f"{k} -> {v}" for k, v in sorted(self.labels.items())) or "none"
+        waiting = "".join(f"; {k} -> {v} once TF Serving has loaded {v}"
+                          for k, v in sorted(self.withheld.items()))  # fmt: skip
+        return f"labels {written}{waiting}"
+
+
+def _local_labels(target: Path) -> dict[str, int]:
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    config = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(local_config_path(target).read_text(), config)
+    except (OSError, text_format.ParseError):
+        return {}
+    return {k: v for entry in config.model_config_list.config for k, v in
+            entry.version_labels.items()}  # fmt: skip
+
+
+def write_local_config(target: Path, model_name: str, state: serving_state.ServingState,
+                       available: Callable[[int], bool] | None) -> LocalConfig:  # fmt: skip
+    """Writes (when it changes) the model config file TF Serving reads: the state's loaded
+    versions, and each label whose version `available` says TF Serving has loaded. A label
+    moving to a version not loaded yet keeps its old version (listed too) while that one is
+    loaded, as serving_config.md's two-step move says: it never disappears meanwhile. Without
+    `available` (before TF Serving runs: the init container), no label is written."""
+    if not state.loaded:
+        return LocalConfig()
+    before = _local_labels(target)
+    out = LocalConfig(versions=set(state.loaded))
+    for label, version in sorted(state.labels.items()):
+        if available is not None and available(version):
+            out.labels[label] = version
+            continue
+        out.withheld[label] = version
+        old = before.get(label)
+        if available is not None and old is not None and available(old):
+            out.labels[label] = old
+            out.versions.add(old)
+    models = local_model_dir(target, model_name)
+    text = serving_state.model_config_text(str(models), model_name, out.labels, out.versions)
+    path = local_config_path(target)
+    if not path.exists() or path.read_text() != text:
+        storage.write_bytes(str(path), text.encode())
+    return out
 
 
 def store_state(serving_model_dir: str, client) -> tuple | None:
@@ -193,10 +244,13 @@ def model_server_loaded(url: str, model_name: str) -> Callable[[int], bool]:
     any failure to ask counts as not loaded (the label waits for the next round)."""
     import urllib.request
 
+    # No proxy: the model server is this pod's (a cluster's HTTP_PROXY would swallow it).
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
     def available(version: int) -> bool:
         address = f"{url.rstrip('/')}/v1/models/{model_name}/versions/{version}"
         try:
-            with urllib.request.urlopen(address, timeout=5) as answer:
+            with opener.open(address, timeout=5) as answer:
                 statuses = json.loads(answer.read()).get("model_version_status", [])
         except (OSError, ValueError):
             return False
@@ -212,7 +266,7 @@ def run(serving_model_dir: str, model_name: str, target: Path, interval: float |
     reader keeps serving the last good copy meanwhile). `model_server`: the TF Serving whose
     loaded versions decide when a label is written (without it, no label is)."""
     available = model_server_loaded(model_server, model_name) if model_server else None
-    client, last_state = None, None
+    client, last_state, result, said = None, None, None, ""
     while True:
         started = time.monotonic()
         try:
@@ -222,12 +276,15 @@ def run(serving_model_dir: str, model_name: str, target: Path, interval: float |
                 client = s3_client()
             state = store_state(serving_model_dir, client)
             if state is not None and state == last_state:
+                # The store is as it was; TF Serving may not be (a version loaded, a restart
+                # that forgot every label): the labels are checked at every round.
+                if available is not None:
+                    labels = write_local_config(target, model_name, result.state, available)
+                    said = _say_labels(labels, said, say)
                 time.sleep(interval)
                 continue
             result = sync_once(serving_model_dir, model_name, target, available)
             last_state = state_after_sync(serving_model_dir, client, state)
-            if result.withheld and available is not None:
-                last_state = None  # the labels follow once their versions are loaded
         except Exception as e:  # StorageError, RegistryError, OSError: all retried
             if interval is None:
                 raise
@@ -238,6 +295,18 @@ def run(serving_model_dir: str, model_name: str, target: Path, interval: float |
                     f"serving-sync: {result.state.describe()}; copied {result.copied or '-'}, "
                     f"deleted {result.deleted or '-'} ({time.monotonic() - started:.1f} s)"
                 )
+            if available is not None:
+                labels = LocalConfig(withheld=result.withheld)
+                labels.labels = _local_labels(target)
+                said = _say_labels(labels, said, say)
         if interval is None:
             return 0
         time.sleep(interval)
+
+
+def _say_labels(labels: LocalConfig, said: str, say: Callable[[str], None]) -> str:
+    """Says which labels TF Serving was given, once per change."""
+    line = f"serving-sync: {labels.describe()}"
+    if line != said:
+        say(line)
+    return line

@@ -30,15 +30,14 @@ def _served(metrics: ServingMetrics, version: int, n: int, seconds: float, score
     label = "stable" if version == 1 else "canary"
     for i in range(n):
         code = 500 if i < errors else 200
-        metrics.record("m", version, label, code, "OK" if code == 200 else "INTERNAL", seconds,
-                       {"predictions": [[score]]})  # fmt: skip
+        metrics.record("m", version, label, code, seconds, {"predictions": [[score]]})
 
 
 def _figures(*served) -> dict[int, Figures]:
     metrics = ServingMetrics()
     for args in served:
         _served(metrics, *args)
-    metrics.record("other-model", 1, "stable", 500, "INTERNAL", 1.0, None)  # not this model's
+    metrics.record("other-model", 1, "stable", 500, 1.0, None)  # not this model's
     return live_release.figures_by_version(metrics.exposition().decode(), "m")
 
 

@@ -5,7 +5,6 @@ numbers, the quality slide check."""
 from __future__ import annotations
 
 import multiprocessing
-import time
 
 import pytest
 
@@ -172,12 +171,12 @@ def test_rollback_to_a_given_version_repairs_a_broken_model_config_file(object_s
 
 
 def race(racer, folder: str, tmp: str, rounds: int, timeout: float) -> dict:
-    """Runs `racer(folder, tmp, tag, start_at, rounds, results)` in two spawned processes ("a"
-    and "b") that start their rounds at the same instants; returns each one's result by tag."""
+    """Runs `racer(folder, tmp, tag, barrier, rounds, results)` in two spawned processes ("a"
+    and "b"), which meet at `barrier` (a multiprocessing.Barrier of 2) to start each step of a
+    round together; returns each one's result by tag."""
     context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    start_at = time.time() + 10  # spawn and import time
-    racers = [context.Process(target=racer, args=(folder, tmp, tag, start_at, rounds, results))
+    results, barrier = context.Queue(), context.Barrier(2, timeout=timeout)
+    racers = [context.Process(target=racer, args=(folder, tmp, tag, barrier, rounds, results))
               for tag in ("a", "b")]  # fmt: skip
     for process in racers:
         process.start()
@@ -188,12 +187,12 @@ def race(racer, folder: str, tmp: str, rounds: int, timeout: float) -> dict:
     return outcomes
 
 
-def _racing_pusher(folder: str, tmp: str, tag: str, start_at: float, rounds: int, results):
+def _racing_pusher(folder: str, tmp: str, tag: str, barrier, rounds: int, results):
     from pathlib import Path
 
     pushed = []
     for round_ in range(rounds):
-        time.sleep(max(0.0, start_at + round_ * 1.0 - time.time()))  # both start together
+        barrier.wait()  # both start together
         version = registry.claim_version(folder)
         push_version(_model(Path(tmp), f"{tag}{round_}"), folder, version)
         pushed.append(version)

@@ -5,7 +5,6 @@ aborted; two blessed runs racing to release against SeaweedFS."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -100,15 +99,14 @@ def test_a_release_judged_against_a_version_no_longer_stable_changes_nothing(
     assert serving_state.read(folder, MODEL).labels == {STABLE: 2}
 
 
-def _racing_release(folder: str, tmp: str, tag: str, start_at: float, rounds: int, results):
-    """One blessed run's Pusher, round after round: push a version judged against the stable
-    one, then release it, at the same instant as its rival."""
+def _racing_release(folder: str, tmp: str, tag: str, barrier, rounds: int, results):
+    """One blessed run's Pusher, round after round: both read the stable version they were
+    judged against together, then push and release at once."""
     outcomes = []
     for round_ in range(rounds):
-        at = start_at + round_ * 3.0
-        time.sleep(max(0.0, at - 1.0 - time.time()))  # the previous round is over by then
+        barrier.wait()  # the previous round is over for both
         stable = serving_state.read(folder, MODEL).stable  # what the run was judged against
-        time.sleep(max(0.0, at - time.time()))
+        barrier.wait()
         version = registry.claim_version(folder)
         push_version(_model(Path(tmp), f"{tag}{round_}"), folder, version)
         try:
@@ -146,3 +144,57 @@ def test_two_blessed_runs_racing_end_with_one_release_judged_against_the_stable_
         assert history[generation - 2].stable == judged_against  # judged against what served
         assert "changed nothing" in loser[4] or "not released" in loser[4]
     assert len(history) == 1 + rounds  # the losers wrote no state
+
+
+def test_concurrent_conditional_creates_on_seaweedfs_have_one_winner(object_store):
+    """SeaweedFS 4.48 checks If-None-Match and writes as one step: eight writers at once,
+    thirty times, always one winner whose content is there."""
+    import threading
+
+    root = f"s3://{object_store.new_bucket('cond-many')}/x"
+    for round_ in range(30):
+        path, won = f"{root}/{round_:04d}.json", []
+        barrier = threading.Barrier(8)
+
+        def create(writer: int, path: str = path, won: list = won, barrier=barrier) -> None:
+            barrier.wait()
+            if storage.create_exclusive(path, f"writer {writer}".encode()):
+                won.append(writer)
+
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(won) == 1, (round_, won)
+        assert storage.read_bytes(path) == f"writer {won[0]}".encode()
+
+
+def test_the_sidecar_moves_a_label_only_once_tf_serving_has_loaded_its_version(tmp_path):
+    """serving_config.md's two-step move, as `tkp serving-sync --model-server` writes the pod's
+    config: a label keeps its old version (still listed) until TF Serving reports the new one
+    AVAILABLE; a TF Serving that answers nothing (restarted) gets no label at all."""
+    from pipelines.serving.serving_sync import local_config_path, write_local_config
+
+    def written(state, loaded_in_tf):
+        out = write_local_config(tmp_path, MODEL, state, lambda v: v in loaded_in_tf)
+        config = model_server_config_pb2.ModelServerConfig()
+        text_format.Parse(local_config_path(tmp_path).read_text(), config)
+        (entry,) = config.model_config_list.config
+        listed = list(entry.model_version_policy.specific.versions)
+        return dict(entry.version_labels), listed, out.withheld
+
+    one = serving_state.ServingState(1, {STABLE: 1}, (1,))
+    assert write_local_config(tmp_path, MODEL, one, None).labels == {}  # init container: none
+    assert written(one, {1}) == ({"stable": 1}, [1], {})
+    two = serving_state.ServingState(2, {STABLE: 2}, (1, 2))
+    assert written(two, {1}) == ({"stable": 1}, [1, 2], {"stable": 2})
+    assert written(two, {1, 2}) == ({"stable": 2}, [1, 2], {})
+    assert written(two, set()) == ({}, [1, 2], {"stable": 2})  # TF Serving restarted
+    assert written(two, {1, 2}) == ({"stable": 2}, [1, 2], {})
+    back = serving_state.ServingState(3, {STABLE: 1}, (1,))  # a rollback to an unloaded 1
+    assert written(back, {2}) == ({"stable": 2}, [1, 2], {"stable": 1})
+    assert written(back, {1, 2}) == ({"stable": 1}, [1], {})
+    canary = serving_state.ServingState(4, {STABLE: 1, CANARY: 5}, (1, 5))
+    assert written(canary, {1}) == ({"stable": 1}, [1, 5], {"canary": 5})
+    assert written(canary, {1, 5}) == ({"stable": 1, "canary": 5}, [1, 5], {})

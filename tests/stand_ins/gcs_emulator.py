@@ -6,9 +6,10 @@ system and google-cloud-storage reach it through `STORAGE_EMULATOR_HOST` (google
 `_get_storage_emulator_override`); `components/base/storage.py` then connects anonymously.
 What it does not play (gcp_storage_emulator/handlers/objects.py, 2026.7.19), so no test may lean
 on it: authentication and IAM (it accepts any request); paging (a listing comes back whole, never
-with a `nextPageToken`, where GCS pages at 1,000 objects); preconditions other than an upload's
-`ifGenerationMatch`, which tests/stand_ins/gcs_emulator_main.py plays (the rest it refuses);
-errors a real bucket answers (429 rate limits, 5xx), so no retry is
+with a `nextPageToken`, where GCS pages at 1,000 objects); preconditions, except on uploads:
+tests/stand_ins/gcs_emulator_main.py plays an upload's `ifGenerationMatch` and refuses its other
+preconditions, while those of deletes, copies and composes are still ignored (nothing here sends
+them); errors a real bucket answers (429 rate limits, 5xx), so no retry is
 exercised. TensorFlow's own `gs://` client cannot be pointed at it (its endpoints are compiled
 in), so any `gs://` read that bypasses the project's storage layer fails here instead of
 passing: that is what the `gs://` tests prove.

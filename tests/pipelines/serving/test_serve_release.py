@@ -12,7 +12,7 @@ import requests
 
 from components.base import release, serving_state, storage
 from components.base.config import PipelineConfig
-from pipelines.serving import metrics
+from pipelines.serving import metrics, serving_sync
 from pipelines.serving.routing import Router
 from pipelines.serving.serving_client import ServingClient
 from pipelines.watch import ReleaseJudge
@@ -39,8 +39,9 @@ def test_labels_answer_during_a_release_and_stable_never_stops(
         traffic = Traffic(client, frame_rows(eval_frame.head(4)))  # unlabelled: stable
         try:
             push(folder, model, fn_args.serving_model_dir, 2, examples, mode="canary")
-            wait_until(lambda: manager.labels == {"stable": 1, "canary": 2}, "the canary label")
-            assert said[-1] == "Serving stable 1, canary 2 (loaded: 1, 2)."
+            wait_until(lambda: "Serving stable 1, canary 2 (loaded: 1, 2)." in said, "the canary")
+            available = serving_sync.model_server_loaded(url, model)  # what the sidecar asks
+            assert available(2) and not available(9)
             versions = [client.serving_version(label) for label in (None, "stable", "canary")]
             assert versions == [1, 1, 2]
             assert client.metadata(version=2)["model_spec"]["version"] == "2"
@@ -186,17 +187,20 @@ def test_releases_are_judged_on_live_figures_promoted_or_aborted_and_stable_neve
             ok = _Labels(model_name=model, status="OK")
             assert samples[(":tensorflow:serving:request_count_total", ok)] > 40
 
+            manager.router.drill(3, error_share=0.5)  # before it can answer anything
             push(folder, model, fn_args.serving_model_dir, 3, examples, config.release_policy())
-            manager.router.drill(3, error_share=0.5)
             state = _judge_until_decided(judge, folder, model)
             assert (state.labels, state.change["what"]) == ({"stable": 2}, "abort")
             assert state.change["figures"]["canary"]["error_rate"] >= 0.4
             assert "error rate" in state.change["why"]
 
+            # Once `tkp serve` has applied the abort, no unlabelled request reaches version 3.
+            wait_until(lambda: manager.router.release is None and 3 not in manager.loaded,
+                       "the abort applied")  # fmt: skip
             shadow = {**config.release_policy(), "mode": "shadow"}
             failed_before = len(unlabelled.failures)
-            push(folder, model, fn_args.serving_model_dir, 4, examples, shadow)
             manager.router.drill(4, error_share=1.0)
+            push(folder, model, fn_args.serving_model_dir, 4, examples, shadow)
             state = _judge_until_decided(judge, folder, model)
             assert (state.labels, state.change["what"]) == ({"stable": 2}, "abort")
             assert state.change["figures"]["canary"]["error_rate"] == 1.0

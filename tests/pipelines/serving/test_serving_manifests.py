@@ -456,6 +456,7 @@ def test_tf_serving_flags_ports_and_probes_agree(manifest):
         "rest_api_port": "8501",
         "model_config_file": "/models/models.config",
         "model_config_file_poll_wait_seconds": "10",
+        "allow_version_labels_for_unavailable_models": "true",
     }
     ports = {p["name"]: p["containerPort"] for p in server["ports"]}
     assert ports == {
