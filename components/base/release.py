@@ -57,7 +57,9 @@ def release_pushed(folder: str, model_name: str, version: int, compared_with: in
         )
     if mode == "immediate" or base.stable is None:
         loaded = {version} | ({base.stable} if base.stable is not None else set())
-        return commit(folder, model_name, base, {STABLE: version}, loaded, what="push", why=why)
+        ended = f"; ends the release of canary {base.canary}" if base.canary is not None else ""
+        return commit(folder, model_name, base, {STABLE: version}, loaded, what="push",
+                      why=why + ended)  # fmt: skip
     replaced = f"; replaces canary {base.canary}" if base.canary is not None else ""
     release = {"canary": version, "stable": base.stable, "mode": mode, "started": _now(),
                "policy": policy}  # fmt: skip

@@ -212,17 +212,19 @@ class ModelManager:
         release's routing picks (`stable` outside a release). `seen` (an inference request's)
         learns the version and label that answer, and whether a shadow copy is due; a fault
         drill on that version acts here."""
-        labels = dict(self.labels)  # one view: the poller may swap them meanwhile
+        # One view of both: the poller may move labels and unload versions meanwhile (a
+        # Servable taken here keeps answering after it is unloaded).
+        labels, loaded = dict(self.labels), dict(self.loaded)
         if seen is not None and not label and version is None and name == self.model_name:
             label = seen.get("force_label")
-            gone = label is not None and (label not in labels or labels[label] not in self.loaded)
+            gone = label is not None and (label not in labels or labels[label] not in loaded)
             if gone:  # a shadow copy whose canary went
                 raise ServingError("NOT_FOUND", "the canary is gone: the copy is dropped")
             if label is None:
                 label, seen["shadow"] = self.router.routed_version()
-            if label not in labels or labels[label] not in self.loaded:
+            if label not in labels or labels[label] not in loaded:
                 label = None  # nothing labelled yet, or a canary just unloaded: `stable`'s
-                if STABLE in labels and labels[STABLE] in self.loaded:
+                if STABLE in labels and labels[STABLE] in loaded:
                     label = STABLE
         if label:
             labels = labels if name == self.model_name else {}
@@ -231,7 +233,9 @@ class ModelManager:
             version = labels[label]
         what = f"Specific({name}, {version})" if version is not None else f"Latest({name})"
         self._check_model(name, what)
-        servable = self.current if version is None else dict(self.loaded).get(version)
+        if version is None:  # TF Serving's Latest: no label applies yet
+            version = labels.get(STABLE, max(loaded, default=None))
+        servable = loaded.get(version)
         if servable is None:
             raise ServingError("NOT_FOUND", f"Servable not found for request: {what}")
         if seen is not None:
