@@ -239,12 +239,9 @@ class ModelManager:
         if servable is None:
             raise ServingError("NOT_FOUND", f"Servable not found for request: {what}")
         if seen is not None:
-            seen["version"], seen["label"] = servable.version, self.label_of(servable.version)
+            seen["version"], seen["label"] = servable.version, _label_of(labels, servable.version)
             self.router.apply_drill(servable.version)
         return servable
-
-    def label_of(self, version: int) -> str:
-        return next((k for k, v in sorted(dict(self.labels).items()) if v == version), "")
 
     def status(self, name: str, version: int | None) -> dict:
         """GetModelStatusImpl: every version this server knows of, or the one asked for."""
@@ -263,6 +260,10 @@ class ModelManager:
             entry.status.error_code = _error_code(code)
             entry.status.error_message = message
         return json_format.MessageToDict(response, including_default_value_fields=True)
+
+
+def _label_of(labels: dict[str, int], version: int) -> str:
+    return next((k for k, v in sorted(labels.items()) if v == version), "")
 
 
 def _load_error(error: Exception) -> tuple[str, str]:

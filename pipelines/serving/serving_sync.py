@@ -12,9 +12,9 @@ store (pruned) is deleted locally only when the new config no longer lists it. T
 a whole config whose label names a version it has not loaded yet ("Request to assign label to
 version N of model M, which is not currently available for inference", server_core.cc
 UpdateModelVersionLabelMap, checked before the new versions are loaded, so such a config never
-converges): a label is written only once the model server reports its version AVAILABLE
-(`available`, from `--model-server`); until then a moving label keeps its old version, and
-the check runs at every round (a restarted TF Serving has forgotten every label).
+converges): a label is moved only once the model server reports its new version AVAILABLE
+(`available`, from `--model-server`); until then it keeps its old version, and the check runs
+at every round.
 """
 
 from __future__ import annotations
@@ -111,21 +111,24 @@ def _local_labels(target: Path) -> dict[str, int]:
 def write_local_config(target: Path, model_name: str, state: serving_state.ServingState,
                        available: Callable[[int], bool] | None) -> LocalConfig:  # fmt: skip
     """Writes (when it changes) the model config file TF Serving reads: the state's loaded
-    versions, and each label whose version `available` says TF Serving has loaded. A label
-    moving to a version not loaded yet keeps its old version (listed too) while that one is
-    loaded, as serving_config.md's two-step move says: it never disappears meanwhile. Without
+    versions and its labels, each label moved only once `available` says TF Serving has loaded
+    its new version. Until then the label keeps the version the file gave it (listed too), as
+    serving_config.md's two-step move says, so it never disappears meanwhile; a new label waits
+    the same way. A label already naming its version stays, whatever TF Serving answers (a
+    restarted one accepts every label at start with --allow_version_labels_for_unavailable_models
+    and is still loading; one that does not answer for a round changes nothing). Without
     `available` (before TF Serving runs: the init container), no label is written."""
     if not state.loaded:
         return LocalConfig()
-    before = _local_labels(target)
+    before = _local_labels(target) if available is not None else {}
     out = LocalConfig(versions=set(state.loaded))
     for label, version in sorted(state.labels.items()):
-        if available is not None and available(version):
+        if before.get(label) == version or (available is not None and available(version)):
             out.labels[label] = version
             continue
         out.withheld[label] = version
         old = before.get(label)
-        if available is not None and old is not None and available(old):
+        if old is not None:
             out.labels[label] = old
             out.versions.add(old)
     models = local_model_dir(target, model_name)
@@ -241,7 +244,7 @@ def _copy_version(source: str, destination: Path, staging_root: Path) -> None:
 
 def model_server_loaded(url: str, model_name: str) -> Callable[[int], bool]:
     """Whether TF Serving at `url` reports a version AVAILABLE (GET /v1/models/<name>/versions/N);
-    any failure to ask counts as not loaded (the label waits for the next round)."""
+    any failure to ask counts as not loaded (a label moving there waits for the next round)."""
     import urllib.request
 
     # No proxy: the model server is this pod's (a cluster's HTTP_PROXY would swallow it).
