@@ -309,13 +309,14 @@ def _poll(watcher: Watcher, follower) -> Poll:
     release under way, if any, is judged."""
     try:
         result = watcher.poll()
+        watcher.judge()  # reads the store too: a store gone away is the follower's business
     except ActionableError as error:
         if follower is None or not follower.failed(error):
             raise
         result = watcher.poll()
+        watcher.judge()
     if follower is not None:
         follower.answered()
-    watcher.judge()
     return result
 
 

@@ -32,11 +32,9 @@ def test_a_gs_data_root_becomes_a_model_served_from_a_gs_serving_root(
         "--set", f"use_case={shipped_use_case}",
         "--set", f"data_root=gs://{BUCKET}/data", "--set", f"serving_root=gs://{BUCKET}/serving",
     )  # fmt: skip
-    # What is tested is where the data, artifacts and versions go, not the model: a short
-    # training, and a gate that blesses it.
     small = (
-        "--set", f"rows_per_span={settings.span_rows}", "--set", "train_steps=20",
-        "--set", "epochs=1", "--set", "min_auc=0", "--set", "min_accuracy=0",
+        "--set", f"rows_per_span={settings.span_rows}", "--set", "train_steps=200",
+        *(part for name, bar in settings.run_bars.items() for part in ("--set", f"{name}={bar}")),
     )  # fmt: skip
     with gcs_emulator.running(BUCKET, tmp_path / "emulator.log") as host:
         first = cli_process.run(tmp_path, "run", *roots, *small, STORAGE_EMULATOR_HOST=host)
