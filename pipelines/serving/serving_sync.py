@@ -39,7 +39,7 @@ class SyncResult:
     versions: list[int] = field(default_factory=list)  # complete versions on the store
     copied: list[int] = field(default_factory=list)
     deleted: list[int] = field(default_factory=list)
-    withheld: dict[str, int] = field(default_factory=dict)  # labels whose version is not loaded
+    written: LocalConfig | None = None  # what the local model config file says now
 
     @property
     def served(self) -> int | None:
@@ -73,7 +73,7 @@ def sync_once(serving_model_dir: str, model_name: str, target: Path,
             _copy_version(source, models / str(version), target / _STAGING)
             result.copied.append(version)
     written = write_local_config(target, model_name, state, available)
-    result.withheld = written.withheld
+    result.written = written
     for path in sorted(models.iterdir()) if models.exists() else []:
         number = int(path.name) if path.name.isdigit() else None
         if number is not None and number not in complete and number not in written.versions:
@@ -299,9 +299,7 @@ def run(serving_model_dir: str, model_name: str, target: Path, interval: float |
                     f"deleted {result.deleted or '-'} ({time.monotonic() - started:.1f} s)"
                 )
             if available is not None:
-                labels = LocalConfig(withheld=result.withheld)
-                labels.labels = _local_labels(target)
-                said = _say_labels(labels, said, say)
+                said = _say_labels(result.written, said, say)
         if interval is None:
             return 0
         time.sleep(interval)

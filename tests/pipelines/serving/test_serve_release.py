@@ -5,7 +5,6 @@ answering while labels move. On the session's model of each tabular use case."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import requests
@@ -92,29 +91,6 @@ def test_the_canary_gets_its_share_of_unlabelled_requests_spread_evenly():
     router.stop()
 
 
-class _Requests:
-    """Requests from a thread, unlabelled or at one label; every failure is kept."""
-
-    def __init__(self, client: ServingClient, rows: list[dict], label: str | None = None):
-        self.client, self.rows, self.label = client, rows, label
-        self.answered, self.failures = 0, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.client.predict_examples(self.rows, label=self.label)
-                self.answered += 1
-            except Exception as e:  # noqa: BLE001 (every failure is the test's business)
-                self.failures.append(repr(e))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-
 class _Labels(dict):
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.items())))
@@ -165,7 +141,7 @@ def test_releases_are_judged_on_live_figures_promoted_or_aborted_and_stable_neve
         push(folder, model, fn_args.serving_model_dir, 1, examples, config.release_policy())
         client = ServingClient(server.url, model, use_case=tabular_use_case_model.name)
         wait_until(lambda: client.serving_version() == 1, "version 1")
-        on_stable, unlabelled = _Requests(client, rows, "stable"), _Requests(client, rows)
+        on_stable, unlabelled = Traffic(client, rows, "stable"), Traffic(client, rows)
         judge = ReleaseJudge(config)
         try:
             push(folder, model, fn_args.serving_model_dir, 2, examples, config.release_policy())

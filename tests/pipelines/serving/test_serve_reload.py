@@ -27,10 +27,11 @@ def wait_until(condition, what: str, timeout: float = 90) -> None:
 
 
 class Traffic:
-    """Requests in a loop from another thread; every failure and every state seen is kept."""
+    """Requests in a loop from another thread, naming no version or one `label`; every failure
+    and every state seen is kept."""
 
-    def __init__(self, client: ServingClient, rows: list[dict]):
-        self.client, self.rows = client, rows
+    def __init__(self, client: ServingClient, rows: list[dict], label: str | None = None):
+        self.client, self.rows, self.label = client, rows, label
         self.answered, self.failures, self.states = 0, [], set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -39,7 +40,8 @@ class Traffic:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                assert len(self.client.predict_examples(self.rows)) == len(self.rows)
+                answer = self.client.predict_examples(self.rows, label=self.label)
+                assert len(answer) == len(self.rows)
                 self.answered += 1
                 for entry in self.client.status():
                     self.states.add((int(entry["version"]), entry["state"]))
