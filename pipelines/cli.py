@@ -168,9 +168,8 @@ def cmd_serve(args: argparse.Namespace, config: PipelineConfig) -> int:
         Path(args.cache_dir) if args.cache_dir else serve.cache_dir_for(WORK_DIR, config.model_name)
     )
     with embedded_store.object_store(config) as store:
-        manager = ModelManager(
-            config.model_name, config.serving_model_dir, cache, args.poll_seconds
-        )
+        manager = ModelManager(config.model_name, config.serving_model_dir, cache,
+                               args.poll_seconds, serve.batching_of(args))  # fmt: skip
         manager.follower = embedded_store.StoreFollower(store, console.say, manager.keeps)
         serve.serve_forever(manager, args.host, args.port, int(args.max_request_mb * 2**20),
                             console.say)  # fmt: skip
@@ -258,8 +257,9 @@ def cmd_bench_serving(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines.local import embedded_store
 
     with embedded_store.object_store(config):
+        batching = args.batching_parameters_file or bench_serving.SHIPPED_BATCHING
         results = bench_serving.run(config, args.requests, args.concurrency, args.batch_sizes,
-                                    console.say)  # fmt: skip
+                                    console.say, batching)  # fmt: skip
     console.say(bench_serving.table(results))
     path = WORK_DIR / "bench" / "serving.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -538,6 +538,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="larger request bodies are refused with 413")  # fmt: skip
     cache_help = "local copy of the versions (default: .work/serving/MODEL_NAME/)"
     serve_.add_argument("--cache-dir", help=cache_help)
+    serve_.add_argument("--enable-batching", action="store_true",
+                        help="merge concurrent requests into batches (TF Serving's "
+                        "--enable_batching)")  # fmt: skip
+    serve_.add_argument("--batching-parameters-file", type=Path, metavar="FILE",
+                        help="TF Serving's BatchingParameters text proto (the manifests' "
+                        "own: pipelines/serving/batching_parameters.txt)")  # fmt: skip
     sync_help = "Mirror the served versions and model config into a folder TF Serving reads."
     sync = add("serving-sync", cmd_serving_sync, sync_help)
     sync.add_argument("--target", required=True, help="local folder, e.g. /models")
@@ -551,7 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = add("bench-serving", cmd_bench_serving,
                 "Latency and throughput of `serve` next to the SavedModel in-process.")  # fmt: skip
     bench.add_argument("--requests", type=_count, default=400, help="requests per batch size")
-    bench.add_argument("--concurrency", type=_count, default=4, help="requests in flight")
+    bench.add_argument("--concurrency", type=_counts, default=[1, 4, 16], metavar="N,N",
+                       help="requests in flight (default: 1,4,16)")  # fmt: skip
+    bench.add_argument("--batching-parameters-file", type=Path, metavar="FILE",
+                       help="the batched server's parameters (default: the manifests' own, "
+                       "pipelines/serving/batching_parameters.txt)")  # fmt: skip
     bench.add_argument("--batch-sizes", type=_counts, default=[1, 64], metavar="N,N",
                        help="examples per request (default: 1,64)")  # fmt: skip
     bench_all = add("bench", cmd_bench, "Benchmark the pipeline: time per step against rows, "

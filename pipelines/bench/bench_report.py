@@ -175,13 +175,16 @@ def tables(results: dict[str, Any]) -> str:
     serving = results.get("serving")
     if serving:
         out.append(f"Serving (`tkp bench-serving`, version {serving['version']}, "
-                   f"{serving['requests']} requests each; `tkp serve` over HTTP against the "
-                   "model called in process):\n\n")  # fmt: skip
+                   f"{serving['requests']} requests each; `tkp serve` over HTTP without and with "
+                   "batching, against the model called in process):\n\n")  # fmt: skip
         rows = [[r["examples"], r["concurrency"], r["serve"]["p50_ms"], r["serve"]["p99_ms"],
-                 r["serve"]["per_second"], r["in_process"]["p50_ms"], r["p50_ratio"]]
+                 r["serve"]["per_second"], r["serve_batching"]["p50_ms"],
+                 r["serve_batching"]["p99_ms"], r["serve_batching"]["per_second"],
+                 r["in_process"]["p50_ms"], r["p50_ratio"]]
                 for r in serving["runs"]]  # fmt: skip
         header = ["examples/request", "in flight", "serve p50 ms", "serve p99 ms",
-                  "serve requests/s", "in-process p50 ms", "p50 ratio"]  # fmt: skip
+                  "serve requests/s", "batched p50 ms", "batched p99 ms", "batched requests/s",
+                  "in-process p50 ms", "p50 ratio"]  # fmt: skip
         out.append(_table(header, rows))
     else:
         out.append(f"Serving: {NOT_MEASURED}.\n")

@@ -47,7 +47,26 @@ class ServingMetrics:
             live_release.PREDICTION, what, labels, buckets=_PREDICTION_BUCKETS,
             registry=self.registry,
         )  # fmt: skip
-        self.tf_serving = _TfServingRequestCount()
+        # TF Serving's request count: every request, status "OK" or the error code's name
+        # (servables/tensorflow/util.cc).
+        self.tf_serving = _TfServingCounter(":tensorflow:serving:request_count",
+                                            ("model_name", "status"))  # fmt: skip
+        # --enable_batching: TF Serving's BatchingSession figures, under its names
+        # (batching_session.cc, batching_util.h; Sampler buckets as there: the batch size
+        # Exponential(1, 2, 14), the time in the queue in us Exponential(100, 1.2, 52)).
+        self.batch_size = Histogram(
+            ":tensorflow:serving:batching_session:processed_batch_size", "Tracks the batch size "
+            "distribution on processing.", buckets=tuple(2.0**i for i in range(14)),
+            registry=self.registry,
+        )  # fmt: skip
+        self.queuing_latency = Histogram(
+            ":tensorflow:serving:batching_session:queuing_latency", "Tracks the latency "
+            "distribution of queuing time in microseconds.", ("thread_pool_name",),
+            buckets=tuple(100 * 1.2**i for i in range(52)), registry=self.registry,
+        )  # fmt: skip
+        self.batches_run = _TfServingCounter(
+            ":tensorflow:serving:batching_session:wrapped_run_count", ()
+        )
         self.shadow_dropped = Counter("tkp_serving_shadow_dropped", "Shadow copies dropped "
                                       "because too many were waiting", ("model_name",),
                                       registry=self.registry)  # fmt: skip
@@ -69,35 +88,43 @@ class ServingMetrics:
             for value in prediction_values(payload):
                 self.predictions.labels(*names).observe(value)
 
+    def batch_ran(self, size: int, waited: list[float]) -> None:
+        """One batch of `size` rows (padding included) run; its requests waited `waited` s."""
+        self.batch_size.observe(size)
+        for seconds in waited:
+            self.queuing_latency.labels("").observe(seconds * 1e6)
+        self.batches_run.inc()
+
     def exposition(self) -> bytes:
-        return generate_latest(self.registry) + self.tf_serving.text().encode()
+        return (generate_latest(self.registry) + self.tf_serving.text().encode()
+                + self.batches_run.text().encode())  # fmt: skip
 
 
-class _TfServingRequestCount:
-    """TF Serving's `:tensorflow:serving:request_count{model_name, status}` exactly as its exporter
-    writes it (a counter without prometheus_client's `_total` suffix; util/prometheus_exporter.cc):
-    every request, status "OK" or the error code's name."""
+class _TfServingCounter:
+    """A TF Serving counter exactly as its exporter writes it (util/prometheus_exporter.cc:
+    `# TYPE name counter`, then one line per label set, `name{} N` without labels; no `_total`
+    suffix, which prometheus_client would add)."""
 
-    NAME = ":tensorflow:serving:request_count"
-
-    def __init__(self) -> None:
-        self._counts: dict[tuple[str, str], int] = {}
+    def __init__(self, name: str, label_names: tuple[str, ...]) -> None:
+        self.name, self.label_names = name, label_names
+        self._counts: dict[tuple[str, ...], int] = {}
         self._lock = threading.Lock()
 
-    def inc(self, model: str, status: str) -> None:
+    def inc(self, *values: str) -> None:
         with self._lock:
-            self._counts[(model, status)] = self._counts.get((model, status), 0) + 1
+            self._counts[values] = self._counts.get(values, 0) + 1
 
     def text(self) -> str:
-        """Its lines as TF Serving writes them (prometheus_exporter.cc: `# TYPE name counter`,
-        then one line per label set; prometheus_client would add `_total` to the name)."""
         with self._lock:
             counts = sorted(self._counts.items())
         if not counts:
             return ""
-        lines = [f"# TYPE {self.NAME} counter"]
-        for (model, status), count in counts:
-            lines.append(f'{self.NAME}{{model_name="{_quoted(model)}",status="{status}"}} {count}')
+        lines = [f"# TYPE {self.name} counter"]
+        for values, count in counts:
+            labels = ",".join(
+                f'{k}="{_quoted(v)}"' for k, v in zip(self.label_names, values, strict=True)
+            )
+            lines.append(f"{self.name}{{{labels}}} {count}")
         return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,7 @@ from tensorflow_serving.apis import get_model_status_pb2
 from components.base.registry import RegistryError
 from components.base.serving_state import CANARY, STABLE, ServingState
 from pipelines.serving import serving_sync, tfs_json
+from pipelines.serving.batching import BatchingParameters, BatchScheduler
 from pipelines.serving.metrics import ServingMetrics
 from pipelines.serving.routing import Router
 from pipelines.serving.servable import Servable
@@ -55,7 +56,7 @@ class ModelManager:
     them."""
 
     def __init__(self, model_name: str, serving_model_dir: str, cache_dir: Path,
-                 poll_seconds: float):  # fmt: skip
+                 poll_seconds: float, batching: BatchingParameters | None = None):  # fmt: skip
         self.model_name, self.source = model_name, serving_model_dir
         self.cache_dir, self.poll_seconds = Path(cache_dir), poll_seconds
         self.loaded: dict[int, Servable] = {}
@@ -74,6 +75,9 @@ class ModelManager:
         self._last_error: str | None = None  # a failed poll's report, not repeated every poll
         self.router = Router()  # the traffic split or shadow of a release, fault drills
         self.metrics = ServingMetrics()
+        # --enable_batching: one pool of batch threads for every version (TF Serving's
+        # SharedBatchScheduler), each version's queues in it.
+        self.batcher = BatchScheduler(batching, self.metrics) if batching else None
 
     @property
     def current(self) -> Servable | None:
@@ -128,17 +132,20 @@ class ModelManager:
         in_force = state.release and self.labels.get(CANARY) == state.release["canary"]
         self.router.release = state.release if in_force else None
         for version in sorted(set(self.loaded) - wanted - set(self.labels.values())):
-            del self.loaded[version]
+            self.loaded.pop(version).unload()
             self.states[version] = (_STATES.END, "OK", "")
 
     def _load(self, version: int) -> None:
         self.states[version] = (_STATES.LOADING, "OK", "")
         started = time.monotonic()
         path = serving_sync.local_model_dir(self.cache_dir, self.model_name) / str(version)
+        servable = None
         try:
-            servable = Servable(self.model_name, version, path)
+            servable = Servable(self.model_name, version, path, self.batcher)
             warmed = servable.warm_up()
         except Exception as e:  # a broken SavedModel raises many kinds of errors
+            if servable is not None:
+                servable.unload()
             self._failed.add(version)
             code, message = _load_error(e)
             self.states[version] = (_STATES.END, code, message)
@@ -161,6 +168,8 @@ class ModelManager:
         self.router.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.batcher is not None:
+            self.batcher.stop()
 
     def keeps(self) -> str:
         """What requests get meanwhile, for the follower's message."""

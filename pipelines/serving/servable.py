@@ -31,6 +31,7 @@ from tensorflow_serving.apis import (  # noqa: E402
     regression_pb2,
 )
 
+from pipelines.serving.batching import BatchScheduler  # noqa: E402
 from pipelines.serving.tfs_json import ServingError, invalid  # noqa: E402
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -41,8 +42,10 @@ MAX_WARMUP_RECORDS = 1000  # saved_model_warmup_util.h WarmupConsts::kMaxNumReco
 class Servable:
     """Version `version` of `model_name`, loaded from the SavedModel in `path`."""
 
-    def __init__(self, model_name: str, version: int, path: Path):
+    def __init__(self, model_name: str, version: int, path: Path,
+                 batcher: BatchScheduler | None = None):  # fmt: skip
         self.model_name, self.version, self.path = model_name, version, Path(path)
+        self._batcher = batcher  # --enable_batching: requests merged with concurrent ones
         saved_model = saved_model_pb2.SavedModel.FromString((self.path / "saved_model.pb")
                                                             .read_bytes())  # fmt: skip
         serve = [g for g in saved_model.meta_graphs if "serve" in g.meta_info_def.tags]
@@ -76,6 +79,17 @@ class Servable:
     # -- requests -------------------------------------------------------------------------------
 
     def _run(self, signature: str, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        if self._batcher is not None:
+            call = lambda **merged: self._call(signature, merged)  # noqa: E731
+            return self._batcher.run(self, signature, call, inputs)
+        return self._call(signature, inputs)
+
+    def unload(self) -> None:
+        """Its batch queues go once drained (a request already holding it still answers)."""
+        if self._batcher is not None:
+            self._batcher.forget(self)
+
+    def _call(self, signature: str, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         try:
             return self._functions[signature](**inputs)
         except tf.errors.OpError as e:

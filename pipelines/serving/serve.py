@@ -19,7 +19,8 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from components.base.errors import ActionableError
-from pipelines.serving import metrics
+from pipelines.serving import batching, metrics
+from pipelines.serving.batching import BatchingParameters
 from pipelines.serving.model_server import ModelManager, handle
 
 DEFAULT_PORT = 8501  # TF Serving's --rest_api_port default
@@ -128,6 +129,8 @@ def serve_forever(manager: ModelManager, host: str, port: int, max_request_bytes
     """`tkp serve`: loads the served version, then answers until interrupted."""
     manager.on_change = say
     say(f"Mirroring {manager.source} into {manager.cache_dir} ...")
+    if manager.batcher is not None:
+        say(f"Batching: {manager.batcher.parameters.describe()}.")
     manager.poll()
     if manager.current is None and not manager.states:
         say(f"No version of {manager.model_name!r} is pushed yet: waiting for one (checking "
@@ -149,6 +152,18 @@ def serve_forever(manager: ModelManager, host: str, port: int, max_request_bytes
             running.stop()
     finally:
         manager.stop()
+
+
+def batching_of(args) -> BatchingParameters | None:
+    """`--enable-batching` and `--batching-parameters-file` as TF Serving's two flags
+    (model_servers/server.cc): a file without the switch is refused; the switch alone takes
+    TF Serving's defaults."""
+    if args.batching_parameters_file and not args.enable_batching:
+        raise ServeError("--batching-parameters-file is set without --enable-batching (TF "
+                         "Serving refuses that too): add --enable-batching")  # fmt: skip
+    if not args.enable_batching:
+        return None
+    return batching.load_parameters(args.batching_parameters_file)
 
 
 def cache_dir_for(work_dir: Path, model_name: str) -> Path:

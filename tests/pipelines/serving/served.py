@@ -16,6 +16,7 @@ import tensorflow as tf
 from components.base import release, serving_state
 from components.steps import warmup
 from components.steps.pusher import push_version
+from pipelines.serving.batching import BatchingParameters
 from pipelines.serving.model_server import ModelManager
 from pipelines.serving.serve import start_in_thread
 
@@ -45,10 +46,11 @@ class Serving:
 
 
 @contextlib.contextmanager
-def serving(model: str, folder: str, cache: Path, **server_options) -> Iterator[Serving]:
+def serving(model: str, folder: str, cache: Path, batching: BatchingParameters | None = None,
+            **server_options) -> Iterator[Serving]:  # fmt: skip
     """`tkp serve` on `folder`: the versions there are polled (every 0.3 s) and loaded into a
-    mirror under `cache` before the server answers."""
-    manager = ModelManager(model, folder, cache, poll_seconds=0.3)
+    mirror under `cache` before the server answers; with `batching`, --enable-batching."""
+    manager = ModelManager(model, folder, cache, poll_seconds=0.3, batching=batching)
     running = Serving(url="", manager=manager)
     manager.on_change = running.said.append
     manager.poll()

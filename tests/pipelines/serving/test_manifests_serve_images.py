@@ -56,6 +56,12 @@ def test_the_image_model_is_served_with_only_its_name_changed(
     (workload,) = [d for d in documents if d["kind"] == kind]
     pod = pod_of(workload)
     assert tf_serving(pod)["readinessProbe"]["httpGet"]["path"] == f"/v1/models/{name}/metadata"
+    # The ConfigMap of TF Serving's settings, renamed the same way, is the one the pod mounts.
+    config_text = (SERVING / "tf-serving-config.yaml").read_text().replace(SHIPPED_NAME, name)
+    (config_map,) = [d for d in yaml.load_all(config_text, _StrictLoader) if d]
+    assert schema_errors(config_map) == ""
+    mounted = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    assert mounted == {config_map["metadata"]["name"]} and name in config_map["metadata"]["name"]
 
     bucket = object_store.new_bucket("manifest-images")
     eval_frame = model.eval_frame.head(8)

@@ -204,15 +204,18 @@ def test_bench_serving_measures_the_server_next_to_the_saved_model(
     monkeypatch.setenv("PIPELINE_WORK_DIR", str(tmp_path))  # the server's log
     said: list[str] = []
 
-    results = bench_serving.run(config, 5, 2, [1, 4], said.append)
+    results = bench_serving.run(config, 5, [1, 2], [1, 4], said.append)
 
     assert [(r["examples"], r["concurrency"]) for r in results["runs"]] == [
         (1, 1), (1, 2), (4, 1), (4, 2)]  # fmt: skip
     for run in results["runs"]:
-        for where in ("serve", "in_process"):
+        for where in ("serve", "serve_batching", "in_process"):
             figures = run[where]
             assert 0 < figures["p50_ms"] <= figures["p99_ms"] and figures["per_second"] > 0
-        assert run["p50_ratio"] > 0
-    assert "serve / in-process p50" in bench_serving.table(results)
+        assert run["p50_ratio"] > 0 and run["batching_throughput_ratio"] > 0
+    # The batched server ran with the manifests' parameters, and says so.
+    assert results["batching"]["max_batch_size"] == 256
+    assert any("--enable-batching" in line for line in said)
+    assert "batching / none, requests/s" in bench_serving.table(results)
     with pytest.raises(bench_serving.BenchError, match="fewer than the largest batch"):
-        bench_serving.run(config, 5, 2, [1, 500], said.append)
+        bench_serving.run(config, 5, [2], [1, 500], said.append)

@@ -24,9 +24,14 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from google.protobuf import text_format
 
 from components.base.config import REPO_ROOT, PipelineConfig
+from pipelines.bench.bench_serving import SHIPPED_BATCHING
 from pipelines.cli import build_parser, cmd_serving_sync
+from pipelines.serving import metrics as serving_metrics
+from pipelines.serving import tf_serving_protos
+from pipelines.serving.batching import load_parameters
 
 SCHEMAS = REPO_ROOT / "tests" / "stand_ins" / "schemas"
 K8S_SWAGGER = SCHEMAS / "kubernetes-1.29-swagger.json.gz"
@@ -34,6 +39,7 @@ KSERVE_CRD = SCHEMAS / "kserve-v0.13.1-inferenceservices-crd.yaml.gz"
 SERVING = REPO_ROOT / "kubeflow" / "serving"
 TF_SERVING_YAML = SERVING / "tf-serving.yaml"
 ISVC_YAML = SERVING / "inferenceservice.yaml"
+CONFIG_YAML = SERVING / "tf-serving-config.yaml"
 CRONJOB = REPO_ROOT / "kubeflow" / "watch-cronjob.yaml"
 
 TF_SERVING_IMAGE = "tensorflow/serving:2.16.1"
@@ -45,6 +51,7 @@ POD_SPEC = "io.k8s.api.core.v1.PodSpec"
 ROOTS = {
     ("apps/v1", "Deployment"): "io.k8s.api.apps.v1.Deployment",
     ("v1", "Service"): "io.k8s.api.core.v1.Service",
+    ("v1", "ConfigMap"): "io.k8s.api.core.v1.ConfigMap",
 }
 
 
@@ -263,6 +270,7 @@ MANIFESTS = [
     pytest.param(TF_SERVING_YAML, "Deployment", id="tf-serving.yaml:Deployment"),
     pytest.param(TF_SERVING_YAML, "Service", id="tf-serving.yaml:Service"),
     pytest.param(ISVC_YAML, "InferenceService", id="inferenceservice.yaml:InferenceService"),
+    pytest.param(CONFIG_YAML, "ConfigMap", id="tf-serving-config.yaml:ConfigMap"),
 ]
 
 
@@ -302,6 +310,7 @@ def test_manifest_validates_against_its_pinned_schema(path, kind):
 def test_each_file_holds_exactly_the_expected_objects():
     assert [d["kind"] for d in documents(TF_SERVING_YAML)] == ["Deployment", "Service"]
     assert [d["kind"] for d in documents(ISVC_YAML)] == ["InferenceService"]
+    assert [d["kind"] for d in documents(CONFIG_YAML)] == ["ConfigMap"]
 
 
 def _pod(document: dict) -> dict:
@@ -457,6 +466,9 @@ def test_tf_serving_flags_ports_and_probes_agree(manifest):
         "model_config_file": "/models/models.config",
         "model_config_file_poll_wait_seconds": "10",
         "allow_version_labels_for_unavailable_models": "true",
+        "enable_batching": "true",
+        "batching_parameters_file": "/etc/tf-serving/batching_parameters.txt",
+        "monitoring_config_file": "/etc/tf-serving/monitoring.config",
     }
     ports = {p["name"]: p["containerPort"] for p in server["ports"]}
     assert ports == {
@@ -634,4 +646,40 @@ def test_every_container_is_locked_down_and_bounded(manifest):
         assert {"cpu", "memory"} <= set(container["resources"]["limits"]), container["name"]
         assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"]), container["name"]
     for volume in pod["volumes"]:
-        assert volume["emptyDir"].get("sizeLimit"), volume["name"]
+        assert "configMap" in volume or volume["emptyDir"].get("sizeLimit"), volume["name"]
+
+
+@pytest.mark.parametrize("manifest", ["tf-serving.yaml", "inferenceservice.yaml"])
+def test_tf_serving_batches_and_exports_metrics_as_the_config_map_says(manifest):
+    """The files TF Serving's flags name come from tf-serving-config.yaml's ConfigMap: the
+    batching parameters are `tkp serve`'s shipped file word for word, parse as TF Serving parses
+    them, and give one batch thread per CPU of the container's limit; the monitoring config turns
+    on Prometheus at the path `tkp serve` answers too."""
+    pod = pod_specs()[manifest]
+    server = tf_serving(pod)
+    config_map = one(CONFIG_YAML, "ConfigMap")
+    files = {name: flags(server)[f"{name}_file"] for name in ("batching_parameters",
+                                                                 "monitoring_config")}  # fmt: skip
+    folder = {str(Path(path).parent) for path in files.values()}.pop()
+    (volume,) = [m["name"] for m in server["volumeMounts"] if m["mountPath"] == folder]
+    assert mount_of(server, volume).get("readOnly") is True
+    source = {v["name"]: v for v in pod["volumes"]}[volume]["configMap"]
+    assert source == {"name": config_map["metadata"]["name"]}
+    data = config_map["data"]
+    assert set(data) == {Path(path).name for path in files.values()}
+
+    text = data[Path(files["batching_parameters"]).name]
+    assert text == SHIPPED_BATCHING.read_text()
+    parameters = load_parameters(SHIPPED_BATCHING)
+    assert parameters.num_batch_threads == int(server["resources"]["limits"]["cpu"])
+
+    monitoring = tf_serving_protos.message("MonitoringConfig")
+    text_format.Parse(data[Path(files["monitoring_config"]).name], monitoring)
+    assert monitoring.prometheus_config.enable is True
+    assert monitoring.prometheus_config.path == serving_metrics.PATH
+
+
+def test_the_config_map_holds_no_credential():
+    text = CONFIG_YAML.read_text()
+    for pattern in CREDENTIAL_PATTERNS[:-1]:  # `data:` is a ConfigMap's own field
+        assert not re.search(pattern, text), f"{CONFIG_YAML.name} matches {pattern}"

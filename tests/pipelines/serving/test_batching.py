@@ -1,0 +1,279 @@
+"""`tkp serve --enable-batching`: TF Serving 2.16.1's batching (pipelines/serving/batching.py
+cites the sources of each rule and message). The scheduler is tested on a small TensorFlow
+function whose calls a test can hold (to fill a queue the way a busy batch thread does); the
+server on the session's trained model, answering concurrent requests over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tensorflow as tf
+
+from pipelines.serving import batching, metrics
+from pipelines.serving.batching import (
+    BatchingConfigError,
+    BatchingParameters,
+    BatchScheduler,
+    load_parameters,
+)
+from pipelines.serving.serve import ServeError, batching_of
+from pipelines.serving.tfs_json import ServingError
+from tests.pipelines.serving.served import push, serving
+
+SHIPPED = Path(batching.__file__).with_name("batching_parameters.txt")
+
+
+def test_the_shipped_parameters_parse_and_fields_left_out_take_tf_servings_defaults(tmp_path):
+    shipped = load_parameters(SHIPPED)
+    assert shipped == BatchingParameters(max_batch_size=256, batch_timeout_micros=0,
+                                         num_batch_threads=2, max_enqueued_batches=4)  # fmt: skip
+    partial = tmp_path / "partial.txt"
+    partial.write_text("# only one field\nmax_batch_size { value: 32 }\n")
+    assert load_parameters(partial) == BatchingParameters(
+        max_batch_size=32, batch_timeout_micros=0, max_enqueued_batches=10
+    )  # shared_batch_scheduler.h QueueOptions defaults
+    assert load_parameters(None).max_batch_size == 1000
+
+
+@pytest.mark.parametrize(
+    "text, complaint",
+    [
+        ("max_batch_size: 8", r"not a BatchingParameters text proto"),  # a wrapper, not a scalar
+        ("max_batch_sise { value: 8 }", r'no field named "max_batch_sise"'),
+        ("num_batch_threads { value: 0 }", r"num_batch_threads must be positive; was 0"),
+        ("max_batch_size { value: 8 } allowed_batch_sizes: 4",
+         r"Last entry in allowed_batch_sizes must match max_batch_size; last entry was 4; "
+         r"expected 8"),
+        ("enable_large_batch_splitting { value: true }", r"enable_large_batch_splitting .* not "
+         r"played by tkp serve"),
+        ("pad_variable_length_inputs: true", r"pad_variable_length_inputs is not played"),
+    ],
+)  # fmt: skip
+def test_a_bad_parameters_file_is_refused_naming_the_file_and_the_field(tmp_path, text, complaint):
+    path = tmp_path / "batching.txt"
+    path.write_text(text)
+    with pytest.raises(BatchingConfigError, match=complaint) as refused:
+        load_parameters(path)
+    assert str(path) in str(refused.value)
+
+
+def test_the_flags_follow_tf_serving_a_file_without_the_switch_is_refused(tmp_path):
+    def flags(enable: bool, file: Path | None) -> argparse.Namespace:
+        return argparse.Namespace(enable_batching=enable, batching_parameters_file=file)
+
+    with pytest.raises(ServeError, match="without --enable-batching"):
+        batching_of(flags(False, SHIPPED))
+    assert batching_of(flags(False, None)) is None
+    assert batching_of(flags(True, None)) == BatchingParameters()
+    assert batching_of(flags(True, SHIPPED)).max_batch_size == 256
+    with pytest.raises(BatchingConfigError, match="cannot read the batching parameters file"):
+        batching_of(flags(True, tmp_path / "missing.txt"))
+
+
+class HeldModel:
+    """A TensorFlow function (y = 2x) whose first call waits until the test lets it go, as a
+    batch thread busy with a long batch: meanwhile requests queue. Records each call's rows."""
+
+    def __init__(self) -> None:
+        self.calls: list[np.ndarray] = []
+        self.entered, self.release = threading.Event(), threading.Event()
+        self._double = tf.function(lambda x: {"y": x * 2.0})
+
+    def __call__(self, **inputs) -> dict:
+        self.calls.append(inputs["x"].numpy())
+        if len(self.calls) == 1:
+            self.entered.set()
+            self.release.wait(30)
+        return self._double(**inputs)
+
+
+def _submit(
+    scheduler: BatchScheduler, model: HeldModel, rows, results: dict, key
+) -> threading.Thread:
+    def send() -> None:
+        try:
+            results[key] = scheduler.run(model, "serving_default", model, {"x": tf.constant(rows)})
+        except ServingError as e:
+            results[key] = e
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def _queued(scheduler: BatchScheduler, rows: int) -> None:
+    """Until `rows` rows wait in the scheduler's queues (the held batch not counted)."""
+    for _ in range(3000):
+        with scheduler._cv:
+            waiting = sum(b.size for q in scheduler._queues.values() for b in q.batches)
+        if waiting == rows:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"never {rows} rows queued (last: {waiting})")
+
+
+@pytest.fixture
+def scheduler_of():
+    made = []
+
+    def make(**parameters) -> BatchScheduler:
+        made.append(BatchScheduler(BatchingParameters(num_batch_threads=1, **parameters)))
+        return made[-1]
+
+    yield make
+    for scheduler in made:
+        scheduler.stop()
+
+
+def test_requests_waiting_for_a_busy_thread_run_as_one_batch_each_getting_its_own_rows(
+    scheduler_of,
+):
+    scheduler, model, results = scheduler_of(max_batch_size=16), HeldModel(), {}
+    first = _submit(scheduler, model, [[-1.0]], results, "held")
+    assert model.entered.wait(30)
+    threads = [_submit(scheduler, model, [[float(i)]] * (1 + i % 3), results, i) for i in range(6)]
+    _queued(scheduler, sum(1 + i % 3 for i in range(6)))
+    model.release.set()
+    for thread in [first, *threads]:
+        thread.join(30)
+    # One call for the held request, one for the six that queued behind it, in their order.
+    assert [len(call) for call in model.calls] == [1, 12]
+    for i in range(6):
+        assert results[i]["y"].numpy().tolist() == [[2.0 * i]] * (1 + i % 3)
+
+
+def test_a_task_over_the_batch_size_and_a_full_queue_get_tf_servings_errors(scheduler_of):
+    scheduler, model, results = (
+        scheduler_of(max_batch_size=4, max_enqueued_batches=1),
+        HeldModel(),
+        {},
+    )
+    with pytest.raises(ServingError, match=r"^Task size 5 is larger than maximum input batch "
+                       r"size 4$") as too_large:  # fmt: skip
+        scheduler.run(model, "serving_default", model, {"x": tf.zeros([5, 1])})
+    assert too_large.value.http_status == 400
+    held = _submit(scheduler, model, [[1.0]], results, "held")
+    assert model.entered.wait(30)
+    queued = _submit(scheduler, model, [[2.0]] * 3, results, "queued")
+    _queued(scheduler, 3)
+    with pytest.raises(ServingError) as full:  # 3 + 2 rows do not fit; one batch already waits
+        scheduler.run(model, "serving_default", model, {"x": tf.zeros([2, 1])})
+    assert full.value.http_status == 503 and full.value.message == (
+        "The batch scheduling queue to which this task was submitted is full; currently 1 "
+        "batches enqueued and max_enqueued_batches is 1"
+    )
+    model.release.set()
+    held.join(30), queued.join(30)
+    assert results["queued"]["y"].numpy().tolist() == [[4.0]] * 3
+
+
+def test_tasks_that_cannot_merge_fail_together_and_padding_rows_are_dropped(scheduler_of):
+    scheduler, model, results = scheduler_of(max_batch_size=8), HeldModel(), {}
+    held = _submit(scheduler, model, [[0.0, 0.0]], results, "held")
+    assert model.entered.wait(30)
+    threads = [_submit(scheduler, model, [[1.0, 1.0]], results, "two"),
+               _submit(scheduler, model, [[1.0, 1.0, 1.0]], results, "three")]  # fmt: skip
+    _queued(scheduler, 2)
+    model.release.set()
+    for thread in [held, *threads]:
+        thread.join(30)
+    for key in ("two", "three"):  # batching_session.cc MergeInputTensors fails the whole batch
+        assert isinstance(results[key], ServingError) and results[key].http_status == 400
+        assert results[key].message.startswith(
+            "Tensors with name 'x' from different tasks have different shapes and padding is "
+            "turned off."
+        )
+
+    padded = scheduler_of(max_batch_size=8, allowed_batch_sizes=(4, 8))
+    model = HeldModel()
+    model.release.set()
+    answer = padded.run(model, "serving_default", model, {"x": tf.constant([[1.0], [2.0], [3.0]])})
+    # Padded to 4 rows with the last task's first row; the padding's answer is dropped.
+    assert model.calls[0].tolist() == [[1.0], [2.0], [3.0], [1.0]]
+    assert answer["y"].numpy().tolist() == [[2.0], [4.0], [6.0]]
+
+
+def test_an_output_that_does_not_follow_the_batch_fails_every_request_in_it(scheduler_of):
+    scheduler = scheduler_of()
+
+    def summed(**inputs) -> dict:
+        return {"total": tf.reduce_sum(inputs["x"], axis=0, keepdims=True)}
+
+    with pytest.raises(ServingError, match="Batched output tensor's 0th dimension does not equal"):
+        scheduler.run(summed, "serving_default", summed, {"x": tf.ones([3, 1])})
+
+
+def _metric(url: str, name: str) -> float:
+    text = requests.get(url + metrics.PATH, timeout=10).text
+    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_tkp_serve_batches_concurrent_requests_and_answers_each_as_the_saved_model_does(
+    object_store, tabular_use_case_model, tmp_path
+):
+    """Requests released together reach a server with one batch thread and a 0.3 s timeout:
+    they are answered from fewer model calls than requests, each with its own rows' outputs
+    (as the SavedModel gives them unbatched); a request over max_batch_size is a 400."""
+    model_name, eval_frame = tabular_use_case_model.model_name, tabular_use_case_model.eval_frame
+    to_examples, model_dir = (
+        tabular_use_case_model.to_examples,
+        tabular_use_case_model.fn_args.serving_model_dir,
+    )
+    examples = to_examples(eval_frame.head(24), with_label=False)
+    folder = f"s3://{object_store.new_bucket('batching')}/serving/{model_name}"
+    push(folder, model_name, model_dir, 1, examples[:4])
+    expected = (
+        tf.saved_model.load(model_dir)
+        .signatures["serving_default"](examples=tf.constant(examples))["outputs"]
+        .numpy()
+    )
+    parameters = BatchingParameters(max_batch_size=16, batch_timeout_micros=300_000,
+                                    num_batch_threads=1)  # fmt: skip
+    with serving(model_name, folder, tmp_path / "cache", batching=parameters) as server:
+        url = f"{server.url}/v1/models/{model_name}:predict"
+        runs_before = _metric(server.url, ":tensorflow:serving:batching_session:wrapped_run_count")
+        rows_before = _metric(
+            server.url, ":tensorflow:serving:batching_session:processed_batch_size_sum"
+        )
+        slices = [(i * 2, i * 2 + 1 + i % 2) for i in range(8)]  # 1 or 2 rows each
+        start, answers = threading.Barrier(len(slices)), {}
+
+        def ask(index: int, rows: slice) -> None:
+            instances = [{"b64": _b64(e)} for e in examples[rows[0] : rows[1]]]
+            start.wait(30)
+            answers[index] = requests.post(url, json={"instances": instances}, timeout=60)
+
+        threads = [threading.Thread(target=ask, args=(i, s)) for i, s in enumerate(slices)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        for index, (begin, end) in enumerate(slices):
+            answer = answers[index]
+            assert answer.status_code == 200, answer.text
+            got = np.array(answer.json()["predictions"]).reshape(expected[begin:end].shape)
+            np.testing.assert_allclose(got, expected[begin:end], rtol=1e-5, atol=1e-6)
+        runs = _metric(server.url, ":tensorflow:serving:batching_session:wrapped_run_count")
+        rows = _metric(server.url, ":tensorflow:serving:batching_session:processed_batch_size_sum")
+        assert rows - rows_before == sum(end - begin for begin, end in slices)
+        assert 1 <= runs - runs_before < len(slices)
+
+        too_many = [{"b64": _b64(e)} for e in examples[:17]]
+        refused = requests.post(url, json={"instances": too_many}, timeout=60)
+        assert refused.status_code == 400
+        assert refused.json() == {
+            "error": "Task size 17 is larger than maximum input batch size 16"
+        }
+
+
+def _b64(example: bytes) -> str:
+    import base64
+
+    return base64.b64encode(example).decode()
