@@ -183,7 +183,7 @@ def cmd_serving_sync(args: argparse.Namespace, config: PipelineConfig) -> int:
     with embedded_store.object_store(config):
         return serving_sync.run(config.serving_model_dir, config.model_name, Path(args.target),
                                 None if args.once else args.interval, console.say,
-                                model_server=args.model_server)  # fmt: skip
+                                model_server=args.model_server, label=args.label)  # fmt: skip
 
 
 def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
@@ -554,6 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--model-server", metavar="URL",
                       help="the TF Serving REST address (e.g. http://localhost:8501): a label "
                       "is written once it has loaded its version (else none is)")  # fmt: skip
+    sync.add_argument("--label", choices=("stable", "canary"),
+                      help="mirror only what a server of this label serves: its version, or "
+                      "stable's outside a release (one Deployment per label)")  # fmt: skip
     bench = add("bench-serving", cmd_bench_serving,
                 "Latency and throughput of `serve` next to the SavedModel in-process.")  # fmt: skip
     bench.add_argument("--requests", type=_count, default=400, help="requests per batch size")

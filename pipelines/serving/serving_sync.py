@@ -19,6 +19,7 @@ at every round.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -55,28 +56,43 @@ def local_config_path(target: Path) -> Path:
     return Path(target) / registry.MODEL_CONFIG_FILE
 
 
+def label_view(state: serving_state.ServingState, label: str) -> serving_state.ServingState:
+    """What a model server dedicated to `label` serves (one Deployment per label behind a
+    traffic split, kubeflow/serving/): that label's version, else (no release under way, for
+    `canary`) the stable one, with the labels that name it."""
+    version = state.labels.get(label, state.stable)
+    if version is None:
+        return dataclasses.replace(state, labels={}, loaded=())
+    labels = {name: v for name, v in state.labels.items() if v == version}
+    return dataclasses.replace(state, labels=labels, loaded=(version,))
+
+
 def sync_once(serving_model_dir: str, model_name: str, target: Path,
-              available: Callable[[int], bool] | None = None) -> SyncResult:  # fmt: skip
+              available: Callable[[int], bool] | None = None,
+              label: str | None = None) -> SyncResult:  # fmt: skip
     """Mirrors the complete versions under `serving_model_dir` into `target` and writes the
     local model config file: the loaded versions, and each label whose version `available` says
-    the model server has loaded (without `available`, no label). Raises StorageError or
-    RegistryError (naming the file) when the store cannot be read or its state is broken; the
-    local copy is then left as it was, so a reader keeps serving what it served."""
+    the model server has loaded (without `available`, no label). With `label`, only what a
+    server of that label serves (`label_view`). Raises StorageError or RegistryError (naming the
+    file) when the store cannot be read or its state is broken; the local copy is then left as
+    it was, so a reader keeps serving what it served."""
     target = Path(target)
     models = local_model_dir(target, model_name)
     _forget_other_source(target, models, serving_model_dir)
     complete = registry.complete_versions(serving_model_dir)
     state = serving_state.read(serving_model_dir, model_name)
+    served = label_view(state, label) if label else state
     result = SyncResult(state=state, versions=sorted(complete))
+    wanted = set(served.loaded) if label else set(complete)
     for version, source in sorted(complete.items()):
-        if not (models / str(version) / "saved_model.pb").exists():
+        if version in wanted and not (models / str(version) / "saved_model.pb").exists():
             _copy_version(source, models / str(version), target / _STAGING)
             result.copied.append(version)
-    written = write_local_config(target, model_name, state, available)
+    written = write_local_config(target, model_name, served, available, hold=bool(label))
     result.written = written
     for path in sorted(models.iterdir()) if models.exists() else []:
         number = int(path.name) if path.name.isdigit() else None
-        if number is not None and number not in complete and number not in written.versions:
+        if number is not None and number not in wanted and number not in written.versions:
             shutil.rmtree(path, ignore_errors=True)
             result.deleted.append(number)
     return result
@@ -109,7 +125,8 @@ def _local_labels(target: Path) -> dict[str, int]:
 
 
 def write_local_config(target: Path, model_name: str, state: serving_state.ServingState,
-                       available: Callable[[int], bool] | None) -> LocalConfig:  # fmt: skip
+                       available: Callable[[int], bool] | None,
+                       hold: bool = False) -> LocalConfig:  # fmt: skip
     """Writes (when it changes) the model config file TF Serving reads: the state's loaded
     versions and its labels, each label moved only once `available` says TF Serving has loaded
     its new version. Until then the label keeps the version the file gave it (listed too), as
@@ -117,11 +134,18 @@ def write_local_config(target: Path, model_name: str, state: serving_state.Servi
     the same way. A label already naming its version stays, whatever TF Serving answers (a
     restarted one accepts every label at start with --allow_version_labels_for_unavailable_models
     and is still loading; one that does not answer for a round changes nothing). Without
-    `available` (before TF Serving runs: the init container), no label is written."""
+    `available` (before TF Serving runs: the init container), no label is written. `hold` (a
+    server of one label, whose version changes): the labels it served stay, with their
+    versions, until TF Serving has loaded every version it is to serve."""
     if not state.loaded:
         return LocalConfig()
     before = _local_labels(target) if available is not None else {}
     out = LocalConfig(versions=set(state.loaded))
+    if hold and before and not all(available(v) for v in state.loaded):
+        for label, version in before.items():
+            if label not in state.labels:
+                out.labels[label] = version
+                out.versions.add(version)
     for label, version in sorted(state.labels.items()):
         if before.get(label) == version or (available is not None and available(version)):
             out.labels[label] = version
@@ -263,11 +287,13 @@ def model_server_loaded(url: str, model_name: str) -> Callable[[int], bool]:
 
 
 def run(serving_model_dir: str, model_name: str, target: Path, interval: float | None,
-        say: Callable[[str], None], model_server: str | None = None) -> int:  # fmt: skip
+        say: Callable[[str], None], model_server: str | None = None,
+        label: str | None = None) -> int:  # fmt: skip
     """`tkp serving-sync`: once (interval None; an error is the exit status, for an init
     container), or every `interval` seconds until stopped (an error is logged and retried: the
     reader keeps serving the last good copy meanwhile). `model_server`: the TF Serving whose
-    loaded versions decide when a label is written (without it, no label is)."""
+    loaded versions decide when a label is written (without it, no label is). `label`: mirror
+    only what a server of that label serves (`label_view`)."""
     available = model_server_loaded(model_server, model_name) if model_server else None
     client, last_state, result, said = None, None, None, ""
     while True:
@@ -282,11 +308,13 @@ def run(serving_model_dir: str, model_name: str, target: Path, interval: float |
                 # The store is as it was; TF Serving may not be (a version loaded, a restart
                 # that forgot every label): the labels are checked at every round.
                 if available is not None:
-                    labels = write_local_config(target, model_name, result.state, available)
+                    served = label_view(result.state, label) if label else result.state
+                    labels = write_local_config(target, model_name, served, available,
+                                                hold=bool(label))  # fmt: skip
                     said = _say_labels(labels, said, say)
                 time.sleep(interval)
                 continue
-            result = sync_once(serving_model_dir, model_name, target, available)
+            result = sync_once(serving_model_dir, model_name, target, available, label)
             last_state = state_after_sync(serving_model_dir, client, state)
         except Exception as e:  # StorageError, RegistryError, OSError: all retried
             if interval is None:

@@ -199,3 +199,42 @@ def test_the_sidecar_moves_a_label_only_once_tf_serving_has_loaded_its_version(t
     canary = serving_state.ServingState(4, {STABLE: 1, CANARY: 5}, (1, 5))
     assert written(canary, {1}) == ({"stable": 1}, [1, 5], {"canary": 5})
     assert written(canary, {1, 5}) == ({"stable": 1, "canary": 5}, [1, 5], {})
+
+
+def test_one_server_per_label_mirrors_only_its_labels_version_and_follows_a_promotion(
+    object_store, tmp_path
+):
+    """`tkp serving-sync --label` (one TF Serving Deployment per label): the stable server's
+    copy holds only the stable version, the canary server's only the canary (stable's outside a
+    release); after a promotion the stable server keeps its old version until TF Serving has
+    loaded the new one, then drops it, locally too."""
+    from pipelines.serving.serving_sync import local_config_path, sync_once
+
+    folder = f"{_config(object_store.new_bucket('per-label')).serving_root}/{MODEL}"
+    one = _push(tmp_path, folder, "a")
+    release.release_pushed(folder, MODEL, one, None, "immediate", why="push")
+
+    def synced(label: str, loaded_in_tf: set[int]) -> tuple[dict, list, list]:
+        target = tmp_path / f"pod-{label}"
+        sync_once(folder, MODEL, target, lambda v: v in loaded_in_tf, label=label)
+        config = model_server_config_pb2.ModelServerConfig()
+        text_format.Parse(local_config_path(target).read_text(), config)
+        (entry,) = config.model_config_list.config
+        on_disk = sorted(int(p.name) for p in (target / MODEL).iterdir() if p.name.isdigit())
+        return (
+            dict(entry.version_labels),
+            list(entry.model_version_policy.specific.versions),
+            on_disk,
+        )
+
+    assert synced("stable", {one}) == ({"stable": one}, [one], [one])
+    assert synced("canary", {one}) == ({"stable": one}, [one], [one])  # no release: stable's
+    two = _push(tmp_path, folder, "b")
+    release.release_pushed(folder, MODEL, two, one, "canary", why="push")
+    assert synced("stable", {one}) == ({"stable": one}, [one], [one])
+    assert synced("canary", {one}) == ({"stable": one}, [one, two], [one, two])  # loading two
+    assert synced("canary", {one, two}) == ({"canary": two}, [two], [two])
+    release.end_release(folder, MODEL, release.PROMOTE, why="test")
+    assert synced("stable", {one}) == ({"stable": one}, [one, two], [one, two])
+    assert synced("stable", {one, two}) == ({"stable": two}, [two], [two])
+    assert synced("canary", {two}) == ({"stable": two}, [two], [two])
