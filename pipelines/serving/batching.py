@@ -197,6 +197,8 @@ class BatchScheduler:
         task = _Task(inputs, size, time.monotonic())
         key = (owner, signature, tuple(sorted(inputs)))  # the owner object: no id reuse
         with self._cv:
+            if self._stopping:
+                raise ServingError("UNAVAILABLE", "The server is shutting down")
             queue = self._queues.get(key)
             if queue is None:
                 queue = self._queues[key] = _Queue(run)
@@ -223,7 +225,8 @@ class BatchScheduler:
 
     def _next_batch(self) -> tuple[_Queue, _Batch] | float | None:
         """A batch ready to run (the queues in turn, SharedBatchScheduler's round robin), else
-        how long until the first open one times out, else None (nothing waits)."""
+        how long until the first open one times out, else None (nothing waits). While stopping,
+        every open batch is ready: no request is left waiting."""
         p, now = self.parameters, time.monotonic()
         keys = list(self._queues)
         wait = None
@@ -234,7 +237,7 @@ class BatchScheduler:
             if not ready and queue.batches[0].tasks:
                 opened = queue.batches[0]
                 due = queue.open_since + p.batch_timeout_micros / 1e6
-                ready = opened.size >= p.max_batch_size or now >= due
+                ready = opened.size >= p.max_batch_size or now >= due or self._stopping
                 if not ready:
                     wait = due - now if wait is None else min(wait, due - now)
             if ready:

@@ -277,3 +277,16 @@ def _b64(example: bytes) -> str:
     import base64
 
     return base64.b64encode(example).decode()
+
+
+def test_stopping_runs_what_waits_and_refuses_what_comes_after(scheduler_of):
+    scheduler, model, results = scheduler_of(batch_timeout_micros=60_000_000), HeldModel(), {}
+    model.release.set()
+    waiting = _submit(scheduler, model, [[3.0]], results, "waiting")  # its batch waits 60 s
+    _queued(scheduler, 1)
+    scheduler.stop()
+    waiting.join(30)
+    assert results["waiting"]["y"].numpy().tolist() == [[6.0]]
+    with pytest.raises(ServingError, match="shutting down") as refused:
+        scheduler.run(model, "serving_default", model, {"x": tf.ones([1, 1])})
+    assert refused.value.http_status == 503
