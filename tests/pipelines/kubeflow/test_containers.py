@@ -71,7 +71,8 @@ def step_image():
         pytest.skip(f"container tests: {missing}")
     started = time.monotonic()
     result = subprocess.run(
-        ["make", "images", "BASE=local"], cwd=REPO_ROOT, capture_output=True, text=True,
+        # ARGS= : not the test command's own (`make test ARGS=...` hands it to every make below)
+        ["make", "images", "BASE=local", "ARGS="], cwd=REPO_ROOT, capture_output=True, text=True,
         timeout=2400,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
