@@ -67,12 +67,12 @@ format: venv
 	$(VENV)/bin/ruff format pipelines components tests
 
 # --durations: the slowest tests' times in every log, so CI's budget can be watched.
-# TEST_WORKERS processes share the tests a file at a time (pytest-xdist --dist loadfile: a
-# file's module fixtures, such as a trained retraining loop, are built once); one test process
+# TEST_WORKERS processes share the tests a file at a time (pytest-xdist --dist loadgroup, groups
+# by file: tests/conftest.py; a module fixture is built once); one test process
 # keeps a 2-core machine about half idle (it waits on the processes it starts).
 TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(ARGS)
 
 # What CI runs on a clean machine (.ci/run: the container tests' Debian packages, then make test).
 ci:

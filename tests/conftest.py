@@ -73,3 +73,13 @@ def cli_in_background(tmp_path):
 def shipped_use_case(request) -> str:
     """The name of each use case under components/use_cases/, in turn."""
     return request.param
+
+
+# `make test` runs on several processes (pytest-xdist --dist loadgroup): a file's tests go to one
+# process together (its module fixtures are built once), and so do the files marked with one
+# xdist_group (those that share a costly session fixture, such as the retraining loop).
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -186,12 +186,32 @@ def run(config: PipelineConfig, requests_per_size: int, concurrencies: list[int]
                     "batching_throughput_ratio": round(batched["per_second"]
                                                        / served["per_second"], 2),
                 })  # fmt: skip
+        results["batching"].update(_batching_counts(servers["serve_batching"][0]))
     finally:
         for _, server in servers.values():
             stop_process(server, grace_seconds=60)
         for cache in caches:
             shutil.rmtree(cache, ignore_errors=True)
     return results
+
+
+def _batching_counts(port: int) -> dict[str, int]:
+    """From the batched server's own metrics (TF Serving's names): the requests it batched and
+    the model calls they took, warm-up included."""
+    import re
+
+    from components.base.live_release import read_metrics
+    from pipelines.serving import metrics
+
+    text = read_metrics(f"http://127.0.0.1:{port}{metrics.PATH}")
+    prefix = ":tensorflow:serving:batching_session:"
+
+    def value(name: str) -> int:
+        found = re.search(rf"^{re.escape(prefix + name)}(?:{{}})? (\S+)$", text, re.MULTILINE)
+        return int(float(found.group(1))) if found else 0
+
+    return {"requests_batched": value("input_batch_size_count"),
+            "model_calls": value("wrapped_run_count")}  # fmt: skip
 
 
 def table(results: dict) -> str:
@@ -210,4 +230,7 @@ def table(results: dict) -> str:
                          f"{rows_per_second:>9.0f}")  # fmt: skip
         lines.append(f"{'':>17}serve / in-process p50: {run['p50_ratio']:.2f}x; batching / "
                      f"none, requests/s: {run['batching_throughput_ratio']:.2f}x")  # fmt: skip
+    counts = results["batching"]
+    lines.append(f"With batching: {counts['requests_batched']} requests in "
+                 f"{counts['model_calls']} model calls.")  # fmt: skip
     return "\n".join(lines)

@@ -10,10 +10,15 @@ fields left out and the same errors, in TF Serving's words, for a request too la
 tensors that cannot be merged and outputs that cannot be split.
 
 What this server does not play, and refuses at start naming the field: large-batch splitting
-(`enable_large_batch_splitting`, `max_execution_batch_size`) and `pad_variable_length_inputs`.
-The serving signatures this project exports take serialized examples (one string per row), which
-never need padding. One difference on purpose: TF Serving's batch threads look for work every
-millisecond; these are woken when a batch is ready or its timeout ends.
+turned on (`enable_large_batch_splitting { value: true }`; `max_execution_batch_size` counts only
+then, as in TF Serving) and `pad_variable_length_inputs`. The serving signatures this project
+exports take serialized examples (one string per row), which never need padding. Differences on
+purpose: the checks TF Serving makes when it loads a model (`allowed_batch_sizes`, the sizes and
+timeout) are made at start here, with every problem listed, so no server runs with parameters
+TF Serving would refuse; a queue is one per version, signature and inputs (TF Serving's also
+splits by the outputs fetched: this server always fetches every output); a batch's model run
+gets no deadline of its own; the batch threads are woken when a batch is ready or its timeout
+ends, where TF Serving's look for work every millisecond.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,7 +54,8 @@ class BatchingParameters:
     max_batch_size: int = DEFAULTS["max_batch_size"]
     batch_timeout_micros: int = DEFAULTS["batch_timeout_micros"]
     max_enqueued_batches: int = DEFAULTS["max_enqueued_batches"]
-    num_batch_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # TF's port::MaxParallelism(): the CPUs this process may be scheduled on.
+    num_batch_threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     allowed_batch_sizes: tuple[int, ...] = ()
 
     def describe(self) -> str:
@@ -77,10 +84,12 @@ def load_parameters(path: Path | None) -> BatchingParameters:
         raise BatchingConfigError(f"{path} is not a BatchingParameters text proto ({e}); its "
                                   "fields are listed in TF Serving's "
                                   "session_bundle_config.proto") from e  # fmt: skip
-    for name in ("enable_large_batch_splitting", "max_execution_batch_size"):
-        if parsed.HasField(name):
-            raise BatchingConfigError(f"{path}: {name} (large-batch splitting) is not played by "
-                                      "tkp serve; remove it to run this file here")  # fmt: skip
+    # max_execution_batch_size counts only with splitting on (bundle_factory_util.h
+    # GetQueueOptions), and so does this refusal.
+    if parsed.enable_large_batch_splitting.value:
+        raise BatchingConfigError(f"{path}: enable_large_batch_splitting (large-batch splitting) "
+                                  "is not played by tkp serve; turn it off to run this file "
+                                  "here")  # fmt: skip
     if parsed.pad_variable_length_inputs:
         raise BatchingConfigError(f"{path}: pad_variable_length_inputs is not played by tkp "
                                   "serve; remove it to run this file here")  # fmt: skip
@@ -154,6 +163,9 @@ class BatchScheduler:
     def __init__(self, parameters: BatchingParameters, metrics=None):
         self.parameters, self.metrics = parameters, metrics
         self._queues: dict[tuple, _Queue] = {}
+        # Unloaded versions: a request that took one before its unload may still come, and its
+        # queue goes once drained too (the queue holds the version, and its model, alive).
+        self._forgotten: weakref.WeakSet = weakref.WeakSet()
         self._turn = 0  # round robin over the queues
         self._cv = threading.Condition()
         self._stopping = False
@@ -175,6 +187,7 @@ class BatchScheduler:
         """An unloaded version's queues go once their batches have run (a request that took
         the version before it was unloaded still gets its answer)."""
         with self._cv:
+            self._forgotten.add(owner)
             for key in [k for k in self._queues if k[0] is owner]:
                 self._queues[key].forgotten = True
                 self._drop_if_done(key)
@@ -202,6 +215,7 @@ class BatchScheduler:
             queue = self._queues.get(key)
             if queue is None:
                 queue = self._queues[key] = _Queue(run)
+                queue.forgotten = owner in self._forgotten
             open_batch = queue.batches[-1]
             if open_batch.size + size > p.max_batch_size:
                 if len(queue.batches) >= _max_enqueued(p):  # ValidateBatchTaskQueueCapacity
@@ -216,9 +230,11 @@ class BatchScheduler:
             open_batch.tasks.append(task)
             open_batch.size += size
             self._cv.notify_all()
+        if self.metrics is not None:
+            self.metrics.batch_input(size)
         task.done.wait()
         if task.error is not None:
-            raise task.error
+            raise _own_copy(task.error)  # one exception object per request thread
         return task.outputs
 
     # -- the batch threads ----------------------------------------------------------------------
@@ -263,40 +279,67 @@ class BatchScheduler:
             self._process(queue.run, batch)
 
     def _process(self, run: Callable[..., dict], batch: _Batch) -> None:
-        import tensorflow as tf
-
-        now, padding = time.monotonic(), 0
+        """Runs one batch and hands each task its rows, or the batch's error. Metrics as
+        batching_session.cc records them: the time in the queue of every task, the processed
+        size (padding included) once the batch is merged, a wrapped run once the model ran."""
+        now = time.monotonic()
         try:
+            if self.metrics is not None:
+                self.metrics.batch_queued([now - t.enqueued for t in batch.tasks])
             if all(now - t.enqueued > REST_TIMEOUT_SECONDS for t in batch.tasks):
                 raise ServingError(
                     "RESOURCE_EXHAUSTED", "Run() timeout exceeded while waiting in batching queue"
                 )
-            merged, padding = _merge(batch, self.parameters.allowed_batch_sizes)
-            outputs = run(**merged)
-            sizes = [t.size for t in batch.tasks] + ([padding] if padding else [])
-            split = {}
-            for name, tensor in outputs.items():
-                if tensor.shape.rank == 0:
-                    raise ServingError("FAILED_PRECONDITION",
-                                       "Batched output tensor has 0 dimensions")  # fmt: skip
-                if tensor.shape[0] != sum(sizes):
-                    raise ServingError(
-                        "FAILED_PRECONDITION", "Batched output tensor's 0th dimension does not "
-                        "equal the sum of the 0th dimension sizes of the input tensors",
-                    )  # fmt: skip
-                split[name] = tf.split(tensor, sizes, axis=0)
-            for i, task in enumerate(batch.tasks):
-                task.outputs = {name: parts[i] for name, parts in split.items()}
+            self._run_batch(run, batch)
         except Exception as e:  # every task of the batch gets the batch's error
             for task in batch.tasks:
-                task.error = e
+                task.error = _serving_error(e)
         finally:
-            if self.metrics is not None:
-                self.metrics.batch_ran(
-                    batch.size + padding, [now - t.enqueued for t in batch.tasks]
-                )
             for task in batch.tasks:
                 task.done.set()
+
+    def _run_batch(self, run: Callable[..., dict], batch: _Batch) -> None:
+        import tensorflow as tf
+
+        merged, padding = _merge(batch, self.parameters.allowed_batch_sizes)
+        if self.metrics is not None:
+            self.metrics.batch_merged(batch.size + padding, padding)
+        try:
+            outputs = run(**merged)
+        finally:
+            if self.metrics is not None:
+                self.metrics.batches_run.inc()
+        sizes = [t.size for t in batch.tasks] + ([padding] if padding else [])
+        split = {}
+        for name, tensor in outputs.items():
+            if tensor.shape.rank == 0:
+                raise ServingError("FAILED_PRECONDITION", "Batched output tensor has 0 dimensions")
+            if tensor.shape[0] != sum(sizes):
+                raise ServingError(
+                    "FAILED_PRECONDITION", "Batched output tensor's 0th dimension does not "
+                    "equal the sum of the 0th dimension sizes of the input tensors",
+                )  # fmt: skip
+            split[name] = tf.split(tensor, sizes, axis=0)
+        for i, task in enumerate(batch.tasks):
+            task.outputs = {name: parts[i] for name, parts in split.items()}
+
+
+def _serving_error(error: Exception) -> Exception:
+    """A TensorFlow error from merging or splitting as TF Serving reports it (its code and
+    message); anything else as it is."""
+    import tensorflow as tf
+
+    if isinstance(error, tf.errors.OpError):
+        from pipelines.serving.servable import _code_name
+
+        return ServingError(_code_name(error), error.message)
+    return error
+
+
+def _own_copy(error: Exception) -> Exception:
+    if isinstance(error, ServingError):
+        return ServingError(error.code, error.message)
+    return error
 
 
 def _task_size(inputs: dict) -> int:

@@ -51,25 +51,11 @@ class ServingMetrics:
         # (servables/tensorflow/util.cc).
         self.tf_serving = _TfServingCounter(":tensorflow:serving:request_count",
                                             ("model_name", "status"))  # fmt: skip
-        # --enable_batching: TF Serving's BatchingSession figures, under its names
-        # (batching_session.cc, batching_util.h; Sampler buckets as there: the batch size
-        # Exponential(1, 2, 14), the time in the queue in us Exponential(100, 1.2, 52)).
-        self.batch_size = Histogram(
-            ":tensorflow:serving:batching_session:processed_batch_size", "Tracks the batch size "
-            "distribution on processing.", buckets=tuple(2.0**i for i in range(14)),
-            registry=self.registry,
-        )  # fmt: skip
-        self.queuing_latency = Histogram(
-            ":tensorflow:serving:batching_session:queuing_latency", "Tracks the latency "
-            "distribution of queuing time in microseconds.", ("thread_pool_name",),
-            buckets=tuple(100 * 1.2**i for i in range(52)), registry=self.registry,
-        )  # fmt: skip
-        self.batches_run = _TfServingCounter(
-            ":tensorflow:serving:batching_session:wrapped_run_count", ()
-        )
-        self.shadow_dropped = Counter("tkp_serving_shadow_dropped", "Shadow copies dropped "
-                                      "because too many were waiting", ("model_name",),
-                                      registry=self.registry)  # fmt: skip
+        self.batching: BatchingMetrics | None = None  # with --enable-batching
+
+    def enable_batching(self) -> BatchingMetrics:
+        self.batching = BatchingMetrics(self.registry)
+        return self.batching
 
     def count_request(self, model: str, status: str) -> None:
         """TF Serving's count: every client request (any method), by the model its path names
@@ -88,16 +74,55 @@ class ServingMetrics:
             for value in prediction_values(payload):
                 self.predictions.labels(*names).observe(value)
 
-    def batch_ran(self, size: int, waited: list[float]) -> None:
-        """One batch of `size` rows (padding included) run; its requests waited `waited` s."""
-        self.batch_size.observe(size)
+    def exposition(self) -> bytes:
+        runs = self.batching.batches_run.text() if self.batching else ""
+        return generate_latest(self.registry) + (self.tf_serving.text() + runs).encode()
+
+
+# TF's Exponential(1, 2, 14) buckets of a batch size (batching_util.h).
+_SIZE_BUCKETS = tuple(2.0**i for i in range(14))
+
+
+class BatchingMetrics:
+    """TF Serving's BatchingSession figures under its names (batching_session.cc,
+    batching_util.h at 2.16.1): each request's size, each batch's size after padding and its
+    padding (by that size), the time each request waited in its queue (us, Exponential(100, 1.2,
+    52)), and the model runs. One difference: a value equal to a bucket's bound is counted in
+    that bucket here (Prometheus' `le`), in the next one by TF's exporter."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        prefix = ":tensorflow:serving:batching_session:"
+        self.input_size = Histogram(
+            prefix + "input_batch_size", "Tracks the batch size distribution on the inputs.",
+            buckets=_SIZE_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.processed_size = Histogram(
+            prefix + "processed_batch_size", "Tracks the batch size distribution on processing.",
+            buckets=_SIZE_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.padding = Histogram(
+            prefix + "padding_size", "Tracks the padding size distribution on batches.",
+            ("execution_batch_size",), buckets=_SIZE_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.queuing_latency = Histogram(
+            prefix + "queuing_latency", "Tracks the latency distribution of queuing time in "
+            "microseconds.", ("thread_pool_name",), buckets=tuple(100 * 1.2**i for i in range(52)),
+            registry=registry,
+        )  # fmt: skip
+        self.batches_run = _TfServingCounter(prefix + "wrapped_run_count", ())
+
+    def batch_input(self, size: int) -> None:
+        """A request's rows (TF records one per input tensor; this project's signatures take
+        one)."""
+        self.input_size.observe(size)
+
+    def batch_queued(self, waited: list[float]) -> None:
         for seconds in waited:
             self.queuing_latency.labels("").observe(seconds * 1e6)
-        self.batches_run.inc()
 
-    def exposition(self) -> bytes:
-        return (generate_latest(self.registry) + self.tf_serving.text().encode()
-                + self.batches_run.text().encode())  # fmt: skip
+    def batch_merged(self, size: int, padding: int) -> None:
+        self.processed_size.observe(size)
+        self.padding.labels(str(size)).observe(padding)
 
 
 class _TfServingCounter:

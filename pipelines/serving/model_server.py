@@ -77,7 +77,9 @@ class ModelManager:
         self.metrics = ServingMetrics()
         # --enable_batching: one pool of batch threads for every version (TF Serving's
         # SharedBatchScheduler), each version's queues in it.
-        self.batcher = BatchScheduler(batching, self.metrics) if batching else None
+        self.batcher = None
+        if batching:
+            self.batcher = BatchScheduler(batching, self.metrics.enable_batching())
 
     @property
     def current(self) -> Servable | None:

@@ -88,11 +88,16 @@ def sync_once(serving_model_dir: str, model_name: str, target: Path,
         if version in wanted and not (models / str(version) / "saved_model.pb").exists():
             _copy_version(source, models / str(version), target / _STAGING)
             result.copied.append(version)
+    # TF Serving acts on a new config file only at its next poll, but on a version folder that
+    # went within a second: a version leaves the disk only once the file in force, the one
+    # before this round's, no longer listed it either.
+    listed_before = _local_config(target)[1]
     written = write_local_config(target, model_name, served, available, hold=bool(label))
     result.written = written
-    for path in sorted(models.iterdir()) if models.exists() else []:
+    kept = wanted | written.versions | listed_before
+    for path in sorted(models.iterdir()) if models.exists() and served.loaded else []:
         number = int(path.name) if path.name.isdigit() else None
-        if number is not None and number not in wanted and number not in written.versions:
+        if number is not None and number not in kept:
             shutil.rmtree(path, ignore_errors=True)
             result.deleted.append(number)
     return result
@@ -111,7 +116,8 @@ class LocalConfig:
         return f"labels {written}{waiting}"
 
 
-def _local_labels(target: Path) -> dict[str, int]:
+def _local_config(target: Path) -> tuple[dict[str, int], set[int]]:
+    """The labels and the versions the local model config file lists (none: no file yet)."""
     from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
@@ -119,9 +125,10 @@ def _local_labels(target: Path) -> dict[str, int]:
     try:
         text_format.Parse(local_config_path(target).read_text(), config)
     except (OSError, text_format.ParseError):
-        return {}
-    return {k: v for entry in config.model_config_list.config for k, v in
-            entry.version_labels.items()}  # fmt: skip
+        return {}, set()
+    entries = config.model_config_list.config
+    labels = {k: v for entry in entries for k, v in entry.version_labels.items()}
+    return labels, {v for entry in entries for v in entry.model_version_policy.specific.versions}
 
 
 def write_local_config(target: Path, model_name: str, state: serving_state.ServingState,
@@ -139,7 +146,7 @@ def write_local_config(target: Path, model_name: str, state: serving_state.Servi
     versions, until TF Serving has loaded every version it is to serve."""
     if not state.loaded:
         return LocalConfig()
-    before = _local_labels(target) if available is not None else {}
+    before = _local_config(target)[0] if available is not None else {}
     out = LocalConfig(versions=set(state.loaded))
     if hold and before and not all(available(v) for v in state.loaded):
         for label, version in before.items():

@@ -201,13 +201,15 @@ def test_the_sidecar_moves_a_label_only_once_tf_serving_has_loaded_its_version(t
     assert written(canary, {1, 5}) == ({"stable": 1, "canary": 5}, [1, 5], {})
 
 
-def test_one_server_per_label_mirrors_only_its_labels_version_and_follows_a_promotion(
+def test_one_server_per_label_mirrors_only_its_labels_version_through_a_promotion_and_an_abort(
     object_store, tmp_path
 ):
-    """`tkp serving-sync --label` (one TF Serving Deployment per label): the stable server's
-    copy holds only the stable version, the canary server's only the canary (stable's outside a
-    release); after a promotion the stable server keeps its old version until TF Serving has
-    loaded the new one, then drops it, locally too."""
+    """`tkp serving-sync --label` (one model server per label): the stable server's copy holds
+    only the stable version, the canary server's only the canary (stable's outside a release).
+    When its version changes, a server keeps the one it served, labelled, until TF Serving has
+    loaded the new one; a version's files go only once the config file in force (the one before
+    the round's) no longer listed it either: TF Serving unloads a version whose folder went
+    within a second, but reads a new config only at its next poll."""
     from pipelines.serving.serving_sync import local_config_path, sync_once
 
     folder = f"{_config(object_store.new_bucket('per-label')).serving_root}/{MODEL}"
@@ -221,11 +223,8 @@ def test_one_server_per_label_mirrors_only_its_labels_version_and_follows_a_prom
         text_format.Parse(local_config_path(target).read_text(), config)
         (entry,) = config.model_config_list.config
         on_disk = sorted(int(p.name) for p in (target / MODEL).iterdir() if p.name.isdigit())
-        return (
-            dict(entry.version_labels),
-            list(entry.model_version_policy.specific.versions),
-            on_disk,
-        )
+        listed = list(entry.model_version_policy.specific.versions)
+        return dict(entry.version_labels), listed, on_disk
 
     assert synced("stable", {one}) == ({"stable": one}, [one], [one])
     assert synced("canary", {one}) == ({"stable": one}, [one], [one])  # no release: stable's
@@ -233,8 +232,20 @@ def test_one_server_per_label_mirrors_only_its_labels_version_and_follows_a_prom
     release.release_pushed(folder, MODEL, two, one, "canary", why="push")
     assert synced("stable", {one}) == ({"stable": one}, [one], [one])
     assert synced("canary", {one}) == ({"stable": one}, [one, two], [one, two])  # loading two
-    assert synced("canary", {one, two}) == ({"canary": two}, [two], [two])
+    assert synced("canary", {one, two}) == ({"canary": two}, [two], [one, two])  # 1 in force
+    assert synced("canary", {two}) == ({"canary": two}, [two], [two])
     release.end_release(folder, MODEL, release.PROMOTE, why="test")
     assert synced("stable", {one}) == ({"stable": one}, [one, two], [one, two])
-    assert synced("stable", {one, two}) == ({"stable": two}, [two], [two])
+    assert synced("stable", {one, two}) == ({"stable": two}, [two], [one, two])
+    assert synced("stable", {two}) == ({"stable": two}, [two], [two])
     assert synced("canary", {two}) == ({"stable": two}, [two], [two])
+
+    three = _push(tmp_path, folder, "c")  # a canary aborted: its server goes back to stable's
+    release.release_pushed(folder, MODEL, three, two, "canary", why="push")
+    assert synced("canary", {two, three}) == ({"canary": three}, [three], [two, three])
+    assert synced("canary", {three}) == ({"canary": three}, [three], [three])
+    release.end_release(folder, MODEL, release.ABORT, why="test")
+    assert synced("canary", {three}) == ({"canary": three}, [two, three], [two, three])
+    assert synced("canary", {two, three}) == ({"stable": two}, [two], [two, three])
+    assert synced("canary", {two}) == ({"stable": two}, [two], [two])
+    assert synced("stable", {two}) == ({"stable": two}, [two], [two])

@@ -31,6 +31,10 @@ from pipelines.run_summary import format_summary
 from pipelines.serving import samples as serving
 from tests.pipelines.retraining_loop import assert_gate_agrees, loop_config
 
+# One process runs this file and the other reader of the session's retraining loop
+# (tests/conftest.py): the loop is trained once.
+pytestmark = pytest.mark.xdist_group("retraining_loop")
+
 
 def states(summary) -> dict[str, str]:
     return {step.name: step.state for step in summary.steps}

@@ -31,7 +31,10 @@ SETTINGS = (
     "--set", "train_steps=200", "--set", "epochs=1", "--set", "eval_steps=10",
     "--set", "min_auc=0.5", "--set", "min_accuracy=0.5", "--set", "rows_per_span=3000",
 )  # fmt: skip
-AGAIN = ("--set", "force=1", *SETTINGS)  # the same span trained and pushed again
+# The same span trained and pushed again. Two 200-step models of one span differ by about a
+# hundredth of AUC either way (a CI run: -0.0104, past the default max_auc_drop of 0.01): the
+# slide check is not what this file tests, so it lets any second model through.
+AGAIN = ("--set", "force=1", "--set", "max_auc_drop=1", *SETTINGS)
 POLL_SECONDS = 1
 
 

@@ -21,6 +21,10 @@ from components.steps.evaluation import ROC_THRESHOLDS
 from pipelines.run_summary import STEP_ORDER
 from tests.use_cases import kit
 
+# One process runs this file and the other reader of the session's retraining loop
+# (tests/conftest.py): the loop is trained once.
+pytestmark = pytest.mark.xdist_group("retraining_loop")
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PUSHED_GREEN, REFUSED_RED = (0x2E, 0x7D, 0x32), (0xC6, 0x28, 0x28)  # report_html.STYLE
 

@@ -39,6 +39,11 @@ def test_the_shipped_parameters_parse_and_fields_left_out_take_tf_servings_defau
         max_batch_size=32, batch_timeout_micros=0, max_enqueued_batches=10
     )  # shared_batch_scheduler.h QueueOptions defaults
     assert load_parameters(None).max_batch_size == 1000
+    # Splitting off: its execution size counts for nothing, in TF Serving as here.
+    off = tmp_path / "off.txt"
+    off.write_text("enable_large_batch_splitting { value: false } "
+                   "max_execution_batch_size { value: 64 }")  # fmt: skip
+    assert load_parameters(off) == BatchingParameters()
 
 
 @pytest.mark.parametrize(
@@ -51,7 +56,7 @@ def test_the_shipped_parameters_parse_and_fields_left_out_take_tf_servings_defau
          r"Last entry in allowed_batch_sizes must match max_batch_size; last entry was 4; "
          r"expected 8"),
         ("enable_large_batch_splitting { value: true }", r"enable_large_batch_splitting .* not "
-         r"played by tkp serve"),
+         r"played by tkp serve; turn it off"),
         ("pad_variable_length_inputs: true", r"pad_variable_length_inputs is not played"),
     ],
 )  # fmt: skip
@@ -123,7 +128,8 @@ def scheduler_of():
     made = []
 
     def make(**parameters) -> BatchScheduler:
-        made.append(BatchScheduler(BatchingParameters(num_batch_threads=1, **parameters)))
+        parameters.setdefault("num_batch_threads", 1)
+        made.append(BatchScheduler(BatchingParameters(**parameters)))
         return made[-1]
 
     yield make
@@ -218,7 +224,7 @@ def _metric(url: str, name: str) -> float:
 def test_tkp_serve_batches_concurrent_requests_and_answers_each_as_the_saved_model_does(
     object_store, tabular_use_case_model, tmp_path
 ):
-    """Requests released together reach a server with one batch thread and a 0.3 s timeout:
+    """Requests released together reach a server with one batch thread and a 2 s timeout:
     they are answered from fewer model calls than requests, each with its own rows' outputs
     (as the SavedModel gives them unbatched); a request over max_batch_size is a 400."""
     model_name, eval_frame = tabular_use_case_model.model_name, tabular_use_case_model.eval_frame
@@ -234,13 +240,18 @@ def test_tkp_serve_batches_concurrent_requests_and_answers_each_as_the_saved_mod
         .signatures["serving_default"](examples=tf.constant(examples))["outputs"]
         .numpy()
     )
-    parameters = BatchingParameters(max_batch_size=16, batch_timeout_micros=300_000,
+    # A batch closes when full (the 12 rows below) or 2 s after its first request: the
+    # requests released together land in one batch or two, never eight.
+    parameters = BatchingParameters(max_batch_size=12, batch_timeout_micros=2_000_000,
                                     num_batch_threads=1)  # fmt: skip
     with serving(model_name, folder, tmp_path / "cache", batching=parameters) as server:
         url = f"{server.url}/v1/models/{model_name}:predict"
         runs_before = _metric(server.url, ":tensorflow:serving:batching_session:wrapped_run_count")
         rows_before = _metric(
             server.url, ":tensorflow:serving:batching_session:processed_batch_size_sum"
+        )
+        inputs_before = _metric(
+            server.url, ":tensorflow:serving:batching_session:input_batch_size_count"
         )
         slices = [(i * 2, i * 2 + 1 + i % 2) for i in range(8)]  # 1 or 2 rows each
         start, answers = threading.Barrier(len(slices)), {}
@@ -265,11 +276,14 @@ def test_tkp_serve_batches_concurrent_requests_and_answers_each_as_the_saved_mod
         assert rows - rows_before == sum(end - begin for begin, end in slices)
         assert 1 <= runs - runs_before < len(slices)
 
-        too_many = [{"b64": _b64(e)} for e in examples[:17]]
+        inputs = _metric(server.url, ":tensorflow:serving:batching_session:input_batch_size_count")
+        assert inputs - inputs_before == len(slices)
+
+        too_many = [{"b64": _b64(e)} for e in examples[:13]]
         refused = requests.post(url, json={"instances": too_many}, timeout=60)
         assert refused.status_code == 400
         assert refused.json() == {
-            "error": "Task size 17 is larger than maximum input batch size 16"
+            "error": "Task size 13 is larger than maximum input batch size 12"
         }
 
 
@@ -290,3 +304,47 @@ def test_stopping_runs_what_waits_and_refuses_what_comes_after(scheduler_of):
     with pytest.raises(ServingError, match="shutting down") as refused:
         scheduler.run(model, "serving_default", model, {"x": tf.ones([1, 1])})
     assert refused.value.http_status == 503
+
+
+def test_a_busy_thread_holds_up_only_its_own_queue_when_another_thread_is_free(scheduler_of):
+    """Two batch threads shared by two versions' queues (SharedBatchScheduler): one held by a
+    long batch of version A, version B's request is answered meanwhile."""
+    scheduler, results = scheduler_of(num_batch_threads=2), {}
+    slow, quick = HeldModel(), HeldModel()
+    quick.release.set()
+    held = _submit(scheduler, slow, [[1.0]], results, "slow")
+    assert slow.entered.wait(30)
+    answered = _submit(scheduler, quick, [[5.0]], results, "quick")
+    answered.join(30)
+    assert results["quick"]["y"].numpy().tolist() == [[10.0]] and "slow" not in results
+    slow.release.set()
+    held.join(30)
+    assert results["slow"]["y"].numpy().tolist() == [[2.0]]
+
+
+def test_a_request_waiting_past_the_rest_timeout_gets_resource_exhausted(scheduler_of, monkeypatch):
+    monkeypatch.setattr(batching, "REST_TIMEOUT_SECONDS", 0.2)
+    scheduler, model, results = scheduler_of(), HeldModel(), {}
+    held = _submit(scheduler, model, [[1.0]], results, "held")
+    assert model.entered.wait(30)
+    late = _submit(scheduler, model, [[2.0]], results, "late")
+    _queued(scheduler, 1)
+    threading.Event().wait(0.4)  # longer than the timeout, still queued behind the held batch
+    model.release.set()
+    held.join(30), late.join(30)
+    assert isinstance(results["late"], ServingError) and results["late"].http_status == 429
+    assert results["late"].message == "Run() timeout exceeded while waiting in batching queue"
+    assert len(model.calls) == 1  # the late batch never ran
+
+
+def test_an_unloaded_versions_queue_goes_once_its_last_request_is_answered(scheduler_of):
+    """A request that took a version before its unload is still answered, and the version's
+    queue (which holds its model) is not kept."""
+    scheduler, model = scheduler_of(), HeldModel()
+    model.release.set()
+    scheduler.run(model, "serving_default", model, {"x": tf.ones([1, 1])})
+    assert len(scheduler._queues) == 1
+    scheduler.forget(model)
+    assert not scheduler._queues
+    late = scheduler.run(model, "serving_default", model, {"x": tf.ones([1, 1])})
+    assert late["y"].numpy().tolist() == [[2.0]] and not scheduler._queues

@@ -215,6 +215,13 @@ def test_bench_serving_measures_the_server_next_to_the_saved_model(
         assert run["p50_ratio"] > 0 and run["batching_throughput_ratio"] > 0
     # The batched server ran with the manifests' parameters, and says so.
     assert results["batching"]["max_batch_size"] == 256
+    # The batched server batched (`tkp serve --enable-batching` wired through the CLI): every
+    # request went through its queues, in no more model calls than requests.
+    batched = results["batching"]
+    assert (
+        batched["requests_batched"] >= 5 * 2 * 2
+        and 0 < batched["model_calls"] <= (batched["requests_batched"])
+    )
     assert any("--enable-batching" in line for line in said)
     assert "batching / none, requests/s" in bench_serving.table(results)
     with pytest.raises(bench_serving.BenchError, match="fewer than the largest batch"):
