@@ -36,7 +36,7 @@ from google.protobuf import text_format
 
 from components.base.errors import ActionableError
 from pipelines.serving import tf_serving_protos
-from pipelines.serving.tfs_json import ServingError, invalid
+from pipelines.serving.tfs_json import ServingError, code_name, invalid
 
 # REST's --rest_api_timeout_in_ms default (model_servers/server.h): a batch whose every task
 # waited longer than this fails with RESOURCE_EXHAUSTED (batching_session.cc ProcessBatch).
@@ -330,9 +330,7 @@ def _serving_error(error: Exception) -> Exception:
     import tensorflow as tf
 
     if isinstance(error, tf.errors.OpError):
-        from pipelines.serving.servable import _code_name
-
-        return ServingError(_code_name(error), error.message)
+        return ServingError(code_name(error), error.message)
     return error
 
 

@@ -285,9 +285,7 @@ def _load_error(error: Exception) -> tuple[str, str]:
     if isinstance(error, ServingError):
         return error.code, error.message
     if isinstance(error, tf.errors.OpError):
-        from pipelines.serving.servable import _code_name
-
-        return _code_name(error), error.message.strip()
+        return tfs_json.code_name(error), error.message.strip()
     if isinstance(error, DecodeError):  # saved_model.pb is not a SavedModel
         return "DATA_LOSS", f"Can't parse saved_model.pb as binary proto: {error}"
     return "UNKNOWN", f"{type(error).__name__}: {error}"

@@ -32,7 +32,7 @@ from tensorflow_serving.apis import (  # noqa: E402
 )
 
 from pipelines.serving.batching import BatchScheduler  # noqa: E402
-from pipelines.serving.tfs_json import ServingError, invalid  # noqa: E402
+from pipelines.serving.tfs_json import ServingError, code_name, invalid  # noqa: E402
 
 DEFAULT_SIGNATURE = "serving_default"
 WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
@@ -93,7 +93,7 @@ class Servable:
         try:
             return self._functions[signature](**inputs)
         except tf.errors.OpError as e:
-            raise ServingError(_code_name(e), _session_message(e.message)) from e
+            raise ServingError(code_name(e), _session_message(e.message)) from e
         except (TypeError, ValueError) as e:  # shape or dtype refused when the graph is called
             raise invalid(str(e).splitlines()[0]) from e
 
@@ -251,12 +251,6 @@ class Servable:
         return count
 
 
-# tensorflow.error.Code by number (tsl/protobuf/error_codes.proto).
-_CODES = ("OK CANCELLED UNKNOWN INVALID_ARGUMENT DEADLINE_EXCEEDED NOT_FOUND ALREADY_EXISTS "
-          "PERMISSION_DENIED RESOURCE_EXHAUSTED FAILED_PRECONDITION ABORTED OUT_OF_RANGE "
-          "UNIMPLEMENTED INTERNAL UNAVAILABLE DATA_LOSS UNAUTHENTICATED").split()  # fmt: skip
-
-
 def _session_message(message: str) -> str:
     """The error as TF Serving's Session::Run reports it: without the eager runtime's
     "Graph execution error" / "Detected at node" preamble and its "[Op:__inference_...]" tail."""
@@ -278,8 +272,3 @@ def _shape(array: np.ndarray) -> str:
 
 def _dtype(enum: int) -> str:
     return types_pb2.DataType.Name(enum)
-
-
-def _code_name(error: tf.errors.OpError) -> str:
-    code = error.error_code
-    return _CODES[code] if 0 <= code < len(_CODES) else "UNKNOWN"

@@ -30,6 +30,18 @@ HTTP_STATUS = {
 }  # fmt: skip
 
 
+# tensorflow.error.Code by number (tsl/protobuf/error_codes.proto).
+_CODES = ("OK CANCELLED UNKNOWN INVALID_ARGUMENT DEADLINE_EXCEEDED NOT_FOUND ALREADY_EXISTS "
+          "PERMISSION_DENIED RESOURCE_EXHAUSTED FAILED_PRECONDITION ABORTED OUT_OF_RANGE "
+          "UNIMPLEMENTED INTERNAL UNAVAILABLE DATA_LOSS UNAUTHENTICATED").split()  # fmt: skip
+
+
+def code_name(error: tf.errors.OpError) -> str:
+    """A TensorFlow error's code by name, as TF Serving reports it."""
+    code = error.error_code
+    return _CODES[code] if 0 <= code < len(_CODES) else "UNKNOWN"
+
+
 class ServingError(Exception):
     """A TF Serving status: answered as {"error": message} with the code's HTTP status."""
 
