@@ -199,7 +199,10 @@ class Bench:
         self.say("Trainer input efficiency (bench-input) ...")
         self.run_cli("default", "bench-input", "--steps", steps, "--repeats", repeats)
         self.say("serving latency and throughput (bench-serving) ...")
-        self.run_cli("default", "bench-serving", "--requests", requests)
+        # Tiny: two loads, not three (the test's time goes to the parts, not to their sizes).
+        concurrency = "1,4" if self.tiny else "1,4,16"
+        self.run_cli("default", "bench-serving", "--requests", requests, "--concurrency",
+                     concurrency)  # fmt: skip
         folder = BENCH_WORK / "default" / "bench"
         self.results["trainer_input"] = json.loads((folder / "input.json").read_text())
         self.results["serving"] = json.loads((folder / "serving.json").read_text())

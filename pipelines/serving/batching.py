@@ -59,9 +59,9 @@ class BatchingParameters:
     allowed_batch_sizes: tuple[int, ...] = ()
 
     def describe(self) -> str:
-        allowed = f", allowed sizes {list(self.allowed_batch_sizes)}" * bool(
-            self.allowed_batch_sizes
-        )
+        allowed = ""
+        if self.allowed_batch_sizes:
+            allowed = f", allowed sizes {list(self.allowed_batch_sizes)}"
         return (f"batches of up to {self.max_batch_size} examples, {self.batch_timeout_micros} us "
                 f"timeout, {self.num_batch_threads} batch threads, up to "
                 f"{self.max_enqueued_batches} batches queued{allowed}")  # fmt: skip
