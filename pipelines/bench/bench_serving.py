@@ -99,7 +99,8 @@ SHIPPED_BATCHING = Path(__file__).resolve().parents[1] / "serving" / "batching_p
 SERVERS = ("serve", "serve_batching")  # `tkp serve` without and with --enable-batching
 
 
-def _start_server(config: PipelineConfig, cache: Path, batching: Path | None):
+def _start_server(config: PipelineConfig, cache: Path,
+                  batching: Path | None) -> tuple[int, subprocess.Popen]:  # fmt: skip
     """`tkp serve` as its own process on a free port (the same store and model as this
     command's config, whatever set them: --set, env); with `batching`, --enable-batching and
     that parameters file."""
@@ -154,7 +155,7 @@ def run(config: PipelineConfig, requests_per_size: int, concurrencies: list[int]
     try:
         for name, file in zip(SERVERS, (None, batching), strict=True):
             caches.append(Path(tempfile.mkdtemp(prefix="bench-serving-", dir=WORK_DIR)))
-            servers[name] = (*_start_server(config, caches[-1], file),)
+            servers[name] = _start_server(config, caches[-1], file)
             say(f"Starting `tkp serve` on port {servers[name][0]} (version {version}"
                 f"{', --enable-batching' if file else ''}) ...")  # fmt: skip
         for port, server in servers.values():
@@ -198,20 +199,16 @@ def run(config: PipelineConfig, requests_per_size: int, concurrencies: list[int]
 def _batching_counts(port: int) -> dict[str, int]:
     """From the batched server's own metrics (TF Serving's names): the requests it batched and
     the model calls they took, warm-up included."""
-    import re
-
     from components.base.live_release import read_metrics
     from pipelines.serving import metrics
 
     text = read_metrics(f"http://127.0.0.1:{port}{metrics.PATH}")
-    prefix = ":tensorflow:serving:batching_session:"
 
-    def value(name: str) -> int:
-        found = re.search(rf"^{re.escape(prefix + name)}(?:{{}})? (\S+)$", text, re.MULTILINE)
-        return int(float(found.group(1))) if found else 0
+    def count(name: str) -> int:
+        return int(metrics.sample_value(text, ":tensorflow:serving:batching_session:" + name))
 
-    return {"requests_batched": value("input_batch_size_count"),
-            "model_calls": value("wrapped_run_count")}  # fmt: skip
+    return {"requests_batched": count("input_batch_size_count"),
+            "model_calls": count("wrapped_run_count")}  # fmt: skip
 
 
 def table(results: dict) -> str:

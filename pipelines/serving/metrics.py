@@ -12,6 +12,7 @@ predictions (one value per instance: a single output's score, or a classifier's 
 
 from __future__ import annotations
 
+import re
 import threading
 
 from prometheus_client import (
@@ -151,6 +152,13 @@ class _TfServingCounter:
             )
             lines.append(f"{self.name}{{{labels}}} {count}")
         return "\n".join(lines) + "\n"
+
+
+def sample_value(text: str, name: str) -> float:
+    """The value of the unlabelled sample `name` in an exposition (`name{} N`, as TF's exporter
+    writes an unlabelled counter, or `name N`); 0 when it is not there yet."""
+    found = re.search(rf"^{re.escape(name)}(?:{{}})? (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
 
 
 def _quoted(value: str) -> str:

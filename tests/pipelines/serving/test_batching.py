@@ -6,7 +6,6 @@ server on the session's trained model, answering concurrent requests over HTTP."
 from __future__ import annotations
 
 import argparse
-import re
 import threading
 from pathlib import Path
 
@@ -216,9 +215,7 @@ def test_an_output_that_does_not_follow_the_batch_fails_every_request_in_it(sche
 
 
 def _metric(url: str, name: str) -> float:
-    text = requests.get(url + metrics.PATH, timeout=10).text
-    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    return metrics.sample_value(requests.get(url + metrics.PATH, timeout=10).text, name)
 
 
 def test_tkp_serve_batches_concurrent_requests_and_answers_each_as_the_saved_model_does(
