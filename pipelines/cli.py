@@ -169,8 +169,12 @@ def cmd_serve(args: argparse.Namespace, config: PipelineConfig) -> int:
     )
     with embedded_store.object_store(config) as store:
         manager = ModelManager(config.model_name, config.serving_model_dir, cache,
-                               args.poll_seconds, serve.batching_of(args))  # fmt: skip
+                               args.poll_seconds, serve.batching_of(args), args.label)  # fmt: skip
         manager.follower = embedded_store.StoreFollower(store, console.say, manager.keeps)
+        for version, error_share, delay in args.fault_drill:
+            manager.router.drill(version, delay, error_share)
+            console.say(f"Fault drill: version {version} fails {error_share:.0%} of its "
+                        f"requests and answers {delay:g} s later.")  # fmt: skip
         serve.serve_forever(manager, args.host, args.port, int(args.max_request_mb * 2**20),
                             console.say)  # fmt: skip
     return 0
@@ -384,6 +388,20 @@ def cmd_watch(args: argparse.Namespace, config: PipelineConfig) -> int:
                       args.log_path, args_line())  # fmt: skip
 
 
+def _drill(text: str) -> tuple[int, float, float]:
+    """VERSION:ERROR_SHARE[:DELAY_S] of --fault-drill."""
+    parts = text.split(":")
+    try:
+        version, share, delay = int(parts[0]), float(parts[1]), float((parts[2:] or ["0"])[0])
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"not VERSION:ERROR_SHARE[:DELAY_S]: {text!r}") from None
+    if len(parts) > 3 or version < 1 or not 0 <= share <= 1 or delay < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a version from 1, an error share from 0 to 1, a delay from 0 seconds"
+        )
+    return version, share, delay
+
+
 def _port(text: str) -> int:
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise argparse.ArgumentTypeError(f"not a port number (1-65535): {text!r}")
@@ -544,6 +562,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve_.add_argument("--batching-parameters-file", type=Path, metavar="FILE",
                         help="TF Serving's BatchingParameters text proto (the manifests' "
                         "own: pipelines/serving/batching_parameters.txt)")  # fmt: skip
+    serve_.add_argument("--label", choices=("stable", "canary"),
+                        help="serve only what a server of this label serves (one per track "
+                        "behind a cluster's traffic split, as `serving-sync --label`)")  # fmt: skip
+    serve_.add_argument("--fault-drill", type=_drill, action="append", default=[],
+                        metavar="VERSION:ERROR_SHARE[:DELAY_S]",
+                        help="make a version fail this share of its requests (500 "
+                        "INTERNAL) and answer DELAY_S later: a release rehearsal")  # fmt: skip
     sync_help = "Mirror the served versions and model config into a folder TF Serving reads."
     sync = add("serving-sync", cmd_serving_sync, sync_help)
     sync.add_argument("--target", required=True, help="local folder, e.g. /models")

@@ -329,14 +329,21 @@ class ReleaseJudge:
         self.config = config
         self._said: set[str] = set()  # what was said about the current release (or outage)
         self._release: tuple | None = None
+        self._cluster = None  # release_router "istio": the cluster's release, made once
 
     def __call__(self) -> None:
         from components.base import live_release, release
+        from pipelines.serving import cluster_release
 
         folder, name = self.config.serving_model_dir, self.config.model_name
         try:
-            judged = release.judge_release(folder, name, self.config.metrics_url())
-        except (live_release.MetricsUnavailable, registry.RegistryError) as error:
+            if self.config.release_router == "istio":
+                self._cluster = self._cluster or cluster_release.ClusterRelease(folder, name)
+                judged = self._cluster.poll()
+            else:
+                judged = release.judge_release(folder, name, self.config.metrics_url())
+        except (live_release.MetricsUnavailable, cluster_release.ClusterUnavailable,
+                registry.RegistryError) as error:  # fmt: skip
             self._once(f"release: {error}", error=True)
             return
         self._said = {line for line in self._said if not line.startswith("release: ")}

@@ -46,6 +46,7 @@ DEFAULT_DRIFT = 1.0
 # The edge model's weights (components/steps/edge.py): float32, float16, or int8 (dynamic range).
 TFLITE_QUANTIZATIONS = ("none", "float16", "dynamic")
 RELEASE_MODES = ("immediate", "canary", "shadow")  # components/base/release.py
+RELEASE_ROUTERS = ("serve", "istio")
 # PIPELINE_* variables that are not config fields but are read elsewhere.
 OTHER_ENV = {"PIPELINE_WORK_DIR"}
 
@@ -112,6 +113,11 @@ class PipelineConfig:
     # Where `watch` reads the live figures: a Prometheus text endpoint (`tkp serve`'s, or on a
     # cluster the release's; kubeflow/README.md). "" is `tkp serve`'s default address.
     release_metrics_url: str = ""
+    # Who splits a release's traffic: "serve" (`tkp serve` itself; its figures at
+    # release_metrics_url) or "istio" (a cluster: kubeflow/serving/tf-serving.yaml's two
+    # Deployments and VirtualService; `watch` moves the weights and reads each pod's TF Serving
+    # metrics: pipelines/serving/cluster_release.py).
+    release_router: str = "serve"  # RELEASE_ROUTERS
     # 1: each pushed version also holds `assets.extra/model.tflite`, a TFLite model of it that
     # takes the raw features (for devices; components/steps/edge.py says which runtime it needs).
     export_tflite: int = 0
@@ -620,6 +626,7 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "export_tflite": _one_of_numbers(0, 1),
     "tflite_quantization": _one_of(*TFLITE_QUANTIZATIONS),
     "release_mode": _one_of(*RELEASE_MODES),
+    "release_router": _one_of(*RELEASE_ROUTERS),
     "canary_percent": _between(1, 99),
     "release_min_requests": _between(1, 10_000_000),
     "release_min_minutes": _between(0, 7 * 24 * 60),

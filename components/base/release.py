@@ -147,20 +147,27 @@ def live_verdict(state: ServingState, model_name: str, metrics_url: str) -> live
 def judge_release(
     folder: str, model_name: str, metrics_url: str
 ) -> tuple[ServingState, live_release.Verdict] | None:
-    """Judges the release under way, if any, and carries the verdict out: promoted or aborted
-    with the figures recorded, or left waiting. Returns (the state judged, the verdict); None
+    """Judges the release under way, if any, on the figures at `metrics_url` (`tkp serve`'s)
+    and carries the verdict out (`carry_out`). Returns (the state judged, the verdict); None
     without a release. ConcurrentChange when another writer changed the state meanwhile."""
     state = read(folder, model_name)
     if not state.release:
         return None
     verdict = live_verdict(state, model_name, metrics_url)
+    carry_out(folder, model_name, state, verdict)
+    return state, verdict
+
+
+def carry_out(folder: str, model_name: str, state: ServingState,
+              verdict: live_release.Verdict) -> None:  # fmt: skip
+    """Promotes or aborts `state`'s release as `verdict` says, with the figures recorded; a
+    verdict to wait changes nothing."""
     why = "; ".join(verdict.reasons)
     if verdict.action == live_release.PROMOTE:
         end_release(folder, model_name, PROMOTE, f"live figures: {why}", verdict.figures, state)
     elif verdict.action == live_release.ABORT:
         end_release(folder, model_name, ABORT, f"rolled back on live figures: {why}",
                     verdict.figures, state)  # fmt: skip
-    return state, verdict
 
 
 def prune(folder: str, model_name: str, keep: int) -> list[int]:

@@ -126,3 +126,26 @@ def warmup_records(model_name: str, saved_model_pb: bytes, rows: list[tf.train.E
             for log in logs:
                 writer.write(log.SerializeToString())
         return open(local.name, "rb").read()
+
+
+def sample_request(version_dir: str) -> dict | None:
+    """The REST body of the largest :predict request on the default signature in a pushed
+    version's warm-up file (its evaluation rows as serialized tf.Examples), for comparing two
+    versions' predictions on the same rows; None without one."""
+    import base64
+
+    best = None
+    for record in _records(storage.join(version_dir, WARMUP_PATH)):
+        log = prediction_log_pb2.PredictionLog.FromString(record)
+        request = log.predict_log.request
+        if log.WhichOneof("log_type") != "predict_log" or "examples" not in request.inputs:
+            continue
+        if request.model_spec.signature_name != SERVING_SIGNATURE:
+            continue
+        rows = tf.make_ndarray(request.inputs["examples"]).tolist()
+        if best is None or len(rows) > len(best):
+            best = rows
+    if best is None:
+        return None
+    instances = [{"b64": base64.b64encode(row).decode()} for row in best]
+    return {"signature_name": SERVING_SIGNATURE, "instances": instances}

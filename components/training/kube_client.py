@@ -19,27 +19,35 @@ NEWER = ("activeDeadlineSeconds", "runtimePatches")
 RBAC_HINT = "Apply kubeflow/training-rbac.yaml for it (kubeflow/README.md, multi-worker training)"
 
 
+def connect():
+    """(a kubernetes ApiClient, the namespace to work in): the pod's service account inside a
+    cluster, else KUBECONFIG's current context (e.g. a developer's cluster)."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    except config.ConfigException:
+        # Read here: the client reads KUBECONFIG at import.
+        kubeconfig = os.environ.get("KUBECONFIG") or None
+        config.load_kube_config(config_file=kubeconfig)
+        _, context = config.list_kube_config_contexts(config_file=kubeconfig)
+        namespace = context["context"].get("namespace", "default")
+    # No urllib3 retries (its default is 3): each would wait REQUEST_TIMEOUT again; the
+    # caller's own loop decides how long failing calls are tolerated.
+    configuration = client.Configuration.get_default_copy()
+    configuration.retries = False
+    return client.ApiClient(configuration), namespace
+
+
 class Kubernetes:
     """The few Kubernetes API calls the step makes (the only part tests stand in for)."""
 
     def __init__(self, kind: JobKind):
-        from kubernetes import client, config
+        from kubernetes import client
 
         self.kind = kind
-        try:
-            config.load_incluster_config()
-            self.namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
-        except config.ConfigException:
-            # KUBECONFIG, e.g. a developer's cluster. Read here: the client reads it at import.
-            kubeconfig = os.environ.get("KUBECONFIG") or None
-            config.load_kube_config(config_file=kubeconfig)
-            _, context = config.list_kube_config_contexts(config_file=kubeconfig)
-            self.namespace = context["context"].get("namespace", "default")
-        # No urllib3 retries (its default is 3): each would wait REQUEST_TIMEOUT again, and the
-        # step's own loop (cluster_job._observe) decides how long failing calls are tolerated.
-        configuration = client.Configuration.get_default_copy()
-        configuration.retries = False
-        api_client = client.ApiClient(configuration)
+        api_client, self.namespace = connect()
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
 

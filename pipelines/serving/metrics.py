@@ -12,6 +12,7 @@ predictions (one value per instance: a single output's score, or a classifier's 
 
 from __future__ import annotations
 
+import bisect
 import re
 import threading
 
@@ -31,6 +32,9 @@ PATH = "/monitoring/prometheus/metrics"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = tuple(10e-6 * 1.8**i for i in range(33))
 # Scores in [0, 1] in tenths; class indexes 0..99 each in its own bucket above that.
+TF_LATENCY = ":tensorflow:serving:request_latency"
+# Buckets::Exponential(10, 1.8, 33) (servables/tensorflow/util.cc), in microseconds.
+_TF_LATENCY_LIMITS = tuple(10 * 1.8**i for i in range(33))
 _PREDICTION_BUCKETS = tuple(i / 10 for i in range(1, 11)) + tuple(float(i) + 0.5 for i in
                                                                   range(1, 100))  # fmt: skip
 
@@ -52,16 +56,25 @@ class ServingMetrics:
         # (servables/tensorflow/util.cc).
         self.tf_serving = _TfServingCounter(":tensorflow:serving:request_count",
                                             ("model_name", "status"))  # fmt: skip
+        # And its latency of every successful request in microseconds, API "predict",
+        # "classify", "regress" ("" for a GET), entrypoint "REST" (http_server.cc
+        # ProcessRequest): what a cluster's release is judged on (pipelines/serving/
+        # cluster_release.py), since TF Serving has no per-version figures.
+        self.tf_latency = _TfServingHistogram(TF_LATENCY, ("model_name", "API", "entrypoint"),
+                                              _TF_LATENCY_LIMITS)  # fmt: skip
         self.batching: BatchingMetrics | None = None  # with --enable-batching
 
     def enable_batching(self) -> BatchingMetrics:
         self.batching = BatchingMetrics(self.registry)
         return self.batching
 
-    def count_request(self, model: str, status: str) -> None:
+    def count_request(self, model: str, status: str, api: str = "", seconds: float = 0.0) -> None:
         """TF Serving's count: every client request (any method), by the model its path names
-        ("" when the path does not parse) and status "OK" or the error code's name."""
+        ("" when the path does not parse) and status "OK" or the error code's name; a
+        successful one's latency too."""
         self.tf_serving.inc(model, status)
+        if status == "OK":
+            self.tf_latency.observe((model, api, "REST"), seconds * 1e6)
 
     def record(self, model: str, version: int | None, label: str, code: int, seconds: float,
                payload: dict | None) -> None:  # fmt: skip
@@ -77,7 +90,8 @@ class ServingMetrics:
 
     def exposition(self) -> bytes:
         runs = self.batching.batches_run.text() if self.batching else ""
-        return generate_latest(self.registry) + (self.tf_serving.text() + runs).encode()
+        tf_serving = self.tf_serving.text() + self.tf_latency.text()
+        return generate_latest(self.registry) + (tf_serving + runs).encode()
 
 
 # TF's Exponential(1, 2, 14) buckets of a batch size (batching_util.h).
@@ -147,10 +161,44 @@ class _TfServingCounter:
             return ""
         lines = [f"# TYPE {self.name} counter"]
         for values, count in counts:
-            labels = ",".join(
-                f'{k}="{_quoted(v)}"' for k, v in zip(self.label_names, values, strict=True)
-            )
+            labels = _labels(self.label_names, values)
             lines.append(f"{self.name}{{{labels}}} {count}")
+        return "\n".join(lines) + "\n"
+
+
+class _TfServingHistogram:
+    """A TF Serving sampler as its exporter writes it (prometheus_exporter.cc
+    SerializeHistogram): a bucket counts the values below its limit (tsl's Histogram), each
+    limit in absl::StrCat's six significant digits, the last "+Inf"; then `_sum` and
+    `_count`."""
+
+    def __init__(self, name: str, label_names: tuple[str, ...], limits: tuple[float, ...]):
+        self.name, self.label_names, self.limits = name, label_names, limits
+        self._cells: dict[tuple[str, ...], list[float]] = {}  # counts per bucket, then the sum
+        self._lock = threading.Lock()
+
+    def observe(self, values: tuple[str, ...], value: float) -> None:
+        index = bisect.bisect_right(self.limits, value)
+        with self._lock:
+            cell = self._cells.setdefault(values, [0.0] * (len(self.limits) + 2))
+            cell[index] += 1
+            cell[-1] += value
+
+    def text(self) -> str:
+        with self._lock:
+            cells = sorted((k, list(v)) for k, v in self._cells.items())
+        if not cells:
+            return ""
+        lines = [f"# TYPE {self.name} histogram"]
+        for values, cell in cells:
+            labels = _labels(self.label_names, values)
+            total = 0
+            for i, count in enumerate(cell[:-1]):
+                total += int(count)
+                limit = f"{self.limits[i]:g}" if i < len(self.limits) else "+Inf"
+                lines.append(f'{self.name}_bucket{{{labels},le="{limit}"}} {total}')
+            lines.append(f"{self.name}_sum{{{labels}}} {cell[-1]:g}")
+            lines.append(f"{self.name}_count{{{labels}}} {total}")
         return "\n".join(lines) + "\n"
 
 
@@ -161,8 +209,20 @@ def sample_value(text: str, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    """`name="value",...` as TF's exporter writes a point's labels."""
+    return ",".join(f'{k}="{_quoted(v)}"' for k, v in zip(names, values, strict=True))
+
+
 def _quoted(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prediction_histogram(values: list[float]) -> dict[float, float]:
+    """`values` as a cumulative histogram on the prediction metric's buckets (le: count), as
+    live_release reads one from an exposition."""
+    bounds = (*_PREDICTION_BUCKETS, float("inf"))
+    return {bound: float(sum(1 for v in values if v <= bound)) for bound in bounds}
 
 
 def prediction_values(payload: dict) -> list[float]:

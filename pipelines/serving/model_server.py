@@ -56,8 +56,12 @@ class ModelManager:
     them."""
 
     def __init__(self, model_name: str, serving_model_dir: str, cache_dir: Path,
-                 poll_seconds: float, batching: BatchingParameters | None = None):  # fmt: skip
+                 poll_seconds: float, batching: BatchingParameters | None = None,
+                 label: str | None = None):  # fmt: skip
         self.model_name, self.source = model_name, serving_model_dir
+        # A server of one label (one Deployment per track behind a traffic split): it serves
+        # what serving_sync.label_view says, and splits nothing itself.
+        self.label = label
         self.cache_dir, self.poll_seconds = Path(cache_dir), poll_seconds
         self.loaded: dict[int, Servable] = {}
         self.labels: dict[str, int] = {}  # the labels in force (all of them name loaded versions)
@@ -103,13 +107,15 @@ class ModelManager:
         if probe is not None and probe in (self._last_state, self._broken_state):
             return
         try:
-            result = serving_sync.sync_once(self.source, self.model_name, self.cache_dir)
+            result = serving_sync.sync_once(self.source, self.model_name, self.cache_dir,
+                                            label=self.label)  # fmt: skip
         except RegistryError:
             self._broken_state = probe  # reported by the caller; not read again until it changes
             raise
         self._broken_state = None
         self._last_state = serving_sync.state_after_sync(self.source, self._client, probe)
-        self._apply(result.state)
+        state = result.state
+        self._apply(serving_sync.label_view(state, self.label) if self.label else state)
 
     def _apply(self, state: ServingState) -> None:
         wanted = set(state.loaded)
@@ -131,7 +137,8 @@ class ModelManager:
             self._labels_report = ""
             self.labels = dict(state.labels)
             self.on_change(f"Serving {state.describe()}.")
-        in_force = state.release and self.labels.get(CANARY) == state.release["canary"]
+        in_force = (not self.label and state.release
+                    and self.labels.get(CANARY) == state.release["canary"])  # fmt: skip
         self.router.release = state.release if in_force else None
         for version in sorted(set(self.loaded) - wanted - set(self.labels.values())):
             self.loaded.pop(version).unload()
@@ -308,8 +315,10 @@ def handle(manager: ModelManager, method: str, path: str, body: bytes) -> tuple[
     for its version; in shadow mode its copy is then answered by the canary in the
     background."""
     seen: dict = {}
+    started = time.perf_counter()
     status, payload = _answer(manager, method, path, body, seen)
-    manager.metrics.count_request(_model_in(path), seen.get("status", "OK"))
+    manager.metrics.count_request(_model_in(path), seen.get("status", "OK"), seen.get("api", ""),
+                                  time.perf_counter() - started)  # fmt: skip
     if seen.get("shadow"):
         copy = {"force_label": CANARY}
         if not manager.router.shadow(lambda: _answer(manager, method, path, body, copy)):
@@ -356,6 +365,7 @@ def _dispatch(manager: ModelManager, method: str, path: str, body: bytes, seen: 
         if not match or match.group(4) not in ("predict", "classify", "regress"):
             raise malformed
         name, version, label, api = match.groups()
+        seen["api"] = api
         version = _version(version)
         if version is not None and label:
             raise invalid(f"Both model version ({version}) and model version label ({label}) "

@@ -287,7 +287,11 @@ def test_cli_watch_against_an_unreachable_store_exits_non_zero_naming_it(tmp_pat
 def test_the_cronjob_pins_its_image_takes_credentials_from_the_secret_and_polls_once():
     documents = list(yaml.safe_load_all(CRONJOB.read_text()))
     by_kind = {doc["kind"]: doc for doc in documents}
-    assert set(by_kind) == {"ServiceAccount", "CronJob"}
+    assert set(by_kind) == {"ServiceAccount", "Role", "RoleBinding", "CronJob"}
+    binding = by_kind["RoleBinding"]  # the release's Role, for the watch's account
+    assert binding["roleRef"]["name"] == by_kind["Role"]["metadata"]["name"]
+    account = by_kind["ServiceAccount"]["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
     cronjob = by_kind["CronJob"]["spec"]
     assert cronjob["concurrencyPolicy"] == "Forbid"
     assert isinstance(cronjob["startingDeadlineSeconds"], int)

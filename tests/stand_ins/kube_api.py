@@ -45,6 +45,7 @@ Nodes and pods are in kube_pods.py; Pod Security admission in pod_security.py.
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -114,6 +115,8 @@ class KubeApi:
         # The namespace's pod-security.kubernetes.io/enforce level: "restricted" or None.
         self.pod_security = pod_security
         self.lock = threading.RLock()
+        self._version = 0  # the last resourceVersion given
+        self._pod_ips: set[str] = set()
         # Processes die with the thread that started them (PR_SET_PDEATHSIG follows the thread),
         # so one thread that lives as long as the stand-in schedules and starts every pod.
         self._closed = threading.Event()
@@ -160,6 +163,67 @@ class KubeApi:
                 raise ApiError(400, "BadRequest", "the namespace of the provided object does "
                                "not match the namespace sent on the request")  # fmt: skip
             meta["namespace"] = namespace
+        body, warnings = self._admitted(resource, body, validation)
+        meta = body["metadata"]
+        name = meta.get("name", "")
+        with self.lock:
+            if (resource.plural, name) in self.objects:
+                raise ApiError(
+                    409,
+                    "AlreadyExists",
+                    f'{resource.plural}.{resource.group} "{name}" already exists',
+                )
+            meta.update(creationTimestamp=now_text(), uid=f"uid-{len(self.created)}",
+                        resourceVersion=str(self._next_version()), generation=1)  # fmt: skip
+            self.objects[resource.plural, name] = body
+            self.created.append(json.loads(json.dumps(body)))
+        resource.on_create(body)
+        self.warnings += warnings
+        return warnings
+
+    def patch(self, resource: Resource, name: str, patch: dict, content_type: str,
+              validation: str = "") -> list[str]:  # fmt: skip
+        """A JSON merge patch (RFC 7386: an object merges, anything else, a list too, replaces;
+        null deletes), admitted as a create is, the webhook asked again (an UPDATE). A custom
+        resource has no strategic merge patch (apiserver pkg/endpoints/handlers/patch.go: 415);
+        a JSON patch the stand-in does not play, so it refuses it. Returns the warnings."""
+        if content_type != "application/merge-patch+json":
+            if content_type == "application/json-patch+json":
+                raise ApiError(415, "UnsupportedMediaType", "the stand-in plays only a JSON "
+                               "merge patch, not a JSON patch")  # fmt: skip
+            raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an "
+                           "unknown format - accepted media types include: "
+                           "application/json-patch+json, application/merge-patch+json, "
+                           "application/apply-patch+yaml")  # fmt: skip
+        if not isinstance(patch, dict):
+            raise ApiError(400, "BadRequest", "the patch is not a JSON object")
+        with self.lock:
+            found = self.objects.get((resource.plural, name))
+            if found is None:
+                raise ApiError(404, "NotFound", f'{resource.plural}.{resource.group} "{name}" '
+                               "not found")  # fmt: skip
+            before = json.loads(json.dumps(found))
+        merged = _merge_patch(json.loads(json.dumps(before)), patch)
+        if merged.get("metadata", {}).get("name") != name:
+            raise ApiError(400, "BadRequest", "the name of the object does not match the name "
+                           "on the URL")  # fmt: skip
+        body, warnings = self._admitted(resource, merged, validation)
+        with self.lock:
+            meta = body["metadata"]
+            meta["resourceVersion"] = str(self._next_version())
+            if body.get("spec") != before.get("spec"):
+                meta["generation"] = before["metadata"].get("generation", 1) + 1
+            self.objects[resource.plural, name] = body
+        self.warnings += warnings
+        return warnings
+
+    def _next_version(self) -> int:
+        with self.lock:
+            self._version += 1
+            return self._version
+
+    def _admitted(self, resource: Resource, body: dict, validation: str) -> tuple[dict, list]:
+        """`body` as stored: unknown fields per `validation`, defaults, schema, CEL, webhook."""
         validation = validation or "Warn"
         if validation not in ("Strict", "Warn", "Ignore"):
             raise ApiError(
@@ -190,19 +254,7 @@ class KubeApi:
             text = denied[0] if len(denied) == 1 else "[" + ", ".join(denied) + "]"
             raise ApiError(403, "Forbidden", f'admission webhook "{resource.webhook}" denied '
                            f"the request: {text}")  # fmt: skip
-        with self.lock:
-            if (resource.plural, name) in self.objects:
-                raise ApiError(
-                    409,
-                    "AlreadyExists",
-                    f'{resource.plural}.{resource.group} "{name}" already exists',
-                )
-            meta.update(creationTimestamp=now_text(), uid=f"uid-{len(self.created)}")
-            self.objects[resource.plural, name] = body
-            self.created.append(json.loads(json.dumps(body)))
-        resource.on_create(body)
-        self.warnings += warnings
-        return warnings
+        return body, warnings
 
     def add_pod(self, manifest: dict, env: dict[str, str], owner: str,
                 refused_reason: str) -> Pod | None:  # fmt: skip
@@ -223,6 +275,17 @@ class KubeApi:
         with self.lock:
             self.pods[name] = pod
         return pod
+
+    def pod_ip(self) -> str:
+        """A pod's IP: an address of its own on loopback (127.0.0.0/8 is all loopback on
+        Linux), so that each pod's servers listen on the ports its manifest names, as on a
+        cluster, without meeting another pod's or another test's."""
+        while True:
+            ip = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(2, 254)}"
+            with self.lock:
+                if ip not in self._pod_ips:
+                    self._pod_ips.add(ip)
+                    return ip
 
     def delete_pod(self, name: str) -> None:
         with self.lock:
@@ -258,7 +321,7 @@ class KubeApi:
         if time.monotonic() - pod.created < self.schedule_seconds + pod.start_delay:
             return  # ContainerCreating
         command = [sys.executable if c == "python" else c for c in pod.container["command"]]
-        command += pod.container.get("args", [])
+        command = [_expand(c, env) for c in command + pod.container.get("args", [])]
         pod.process = subprocess.Popen(
             command, env=env, cwd=REPO, stdout=open(pod.log_path, "wb"),  # noqa: SIM115
             stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
@@ -363,6 +426,8 @@ class KubeApi:
             return pod.name
         if path == "metadata.namespace":
             return self.namespace
+        if path == "status.podIP":
+            return pod.ip
         if match := re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path):
             return meta.get(match[1], {}).get(match[2], "")
         raise ValueError(f"the stand-in cannot play the downward API field {path!r}")
@@ -389,6 +454,27 @@ class KubeApi:
     def pod(self, name: str) -> Pod | None:
         with self.lock:
             return self.pods.get(name)
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's `$(VAR)` in a command or argument (third_party/forked/golang/expansion):
+    a variable of the container's env is replaced, `$$` is a `$`, anything else stays."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)  # fmt: skip
+
+
+def _merge_patch(target, patch):
+    """RFC 7386 MergePatch."""
+    if not isinstance(patch, dict):
+        return patch
+    if not isinstance(target, dict):
+        target = {}
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = _merge_patch(target.get(key), value)
+    return target
 
 
 def _selector(query: dict) -> tuple[str, str]:
@@ -450,7 +536,7 @@ def _handler(api: KubeApi):
 
         def _objects(self, method, group, version, namespace, plural, name, body, query):
             resource = api.resource(group, version, plural)
-            verb = {"POST": "create", "DELETE": "delete"}.get(method, "get")
+            verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method, "get")
             verb = "list" if verb == "get" and name is None else verb
             api.requests.add((group, plural, verb))
             api.authorize(group, plural, verb, namespace)
@@ -482,6 +568,13 @@ def _handler(api: KubeApi):
             if method == "GET":
                 with api.lock:
                     return self._reply(200, resource.on_get(found))
+            if method == "PATCH":
+                content_type = self.headers.get("Content-Type", "").split(";")[0].strip()
+                warnings = api.patch(resource, name, body, content_type,
+                                     query.get("fieldValidation", ""))  # fmt: skip
+                with api.lock:
+                    return self._reply(200, resource.on_get(api.objects[plural, name]),
+                                       warnings=warnings)  # fmt: skip
             if method == "DELETE":
                 with api.lock:
                     api.objects.pop((plural, name))
@@ -526,5 +619,8 @@ def _handler(api: KubeApi):
 
         def do_DELETE(self):
             self._route("DELETE")
+
+        def do_PATCH(self):
+            self._route("PATCH")
 
     return Handler

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+import urllib.request
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -71,6 +73,8 @@ class Pod:
         self.process: subprocess.Popen | None = None
         self.finished_at: str | None = None
         self.deleted = False
+        self.ip = api.pod_ip()
+        self.uid = str(uuid.uuid4())  # the API server's, unique for every pod ever made
 
     def requests(self) -> dict[str, float]:
         resources = self.container.get("resources", {})
@@ -91,6 +95,29 @@ class Pod:
         code = self.exit_code()
         return "Running" if code is None else "Succeeded" if code == 0 else "Failed"
 
+    def ready(self) -> bool:
+        """The kubelet's readiness: running, and its readinessProbe's httpGet (the only kind
+        played; another kind is refused) answering 200-399 (pkg/probe/http) within the
+        probe's timeoutSeconds. Probed when asked, not every periodSeconds."""
+        if self.phase() != "Running":
+            return False
+        probe = self.container.get("readinessProbe")
+        if probe is None:
+            return True
+        if set(probe) & {"exec", "tcpSocket", "grpc"}:
+            raise ValueError(f"the stand-in plays only an httpGet readiness probe: {probe}")
+        get = probe["httpGet"]
+        port = get["port"]
+        if isinstance(port, str):  # a named port of the container
+            port = {p["name"]: p["containerPort"] for p in self.container["ports"]}[port]
+        url = f"http://{self.ip}:{port}{get.get('path', '/')}"
+        try:
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                url, timeout=probe.get("timeoutSeconds", 1)) as answer:  # fmt: skip
+                return 200 <= answer.status < 400
+        except (OSError, ValueError):
+            return False
+
     def as_json(self) -> dict:
         conditions, state = [], {"waiting": {"reason": "ContainerCreating"}}
         if self.unschedulable:
@@ -104,6 +131,9 @@ class Pod:
             )
         elif self.node:
             conditions.append({"type": "PodScheduled", "status": "True"})
+        ready = self.ready()
+        if self.process is not None:
+            conditions.append({"type": "Ready", "status": str(ready)})
         if self.waiting:
             state = {"waiting": {"reason": self.waiting[0], "message": self.waiting[1]}}
         if self.process is not None:
@@ -112,15 +142,16 @@ class Pod:
                 "exitCode": code, "reason": "Completed" if code == 0 else "Error",
                 "finishedAt": self.finished_at,
             }}  # fmt: skip
-        metadata = dict(self.manifest["metadata"], namespace=self.api.namespace)
+        metadata = dict(self.manifest["metadata"], namespace=self.api.namespace, uid=self.uid)
         return {
             "apiVersion": "v1", "kind": "Pod", "metadata": metadata,
             "spec": dict(self.spec, nodeName=self.node.name) if self.node else self.spec,
             "status": {
                 "phase": self.phase(), "conditions": conditions,
+                **({"podIP": self.ip} if self.node else {}),
                 "containerStatuses": [{
                     "name": self.container["name"], "image": self.container.get("image", ""),
-                    "imageID": "", "ready": self.phase() == "Running", "restartCount": 0,
+                    "imageID": "", "ready": ready, "restartCount": 0,
                     "state": state,
                 }],
             },

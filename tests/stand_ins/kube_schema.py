@@ -49,11 +49,12 @@ OBJECT_META = {
 
 
 @functools.cache
-def crd_schema(path: Path, version: str) -> tuple[dict, dict]:
+def crd_schema(path: Path, version: str, name: str = "") -> tuple[dict, dict]:
     """(the CRD's names and scope, the version's openAPIV3Schema); a `.gz` file is read as
-    it is."""
+    it is; `name`: the CRD's in a file of several."""
     data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    crd = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    crds = yaml.load_all(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (crd,) = [c for c in crds if c and (not name or c["metadata"]["name"] == name)]
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     names = dict(crd["spec"]["names"], group=crd["spec"]["group"], scope=crd["spec"]["scope"])
     return names, served["schema"]["openAPIV3Schema"]
@@ -237,9 +238,10 @@ class Resource:
     on_create: Callable[[dict], None] = lambda body: None
     on_get: Callable[[dict], dict] = lambda body: body
     on_delete: Callable[[dict], None] = lambda body: None
+    crd_name: str = ""  # the CRD's name, in a file that holds several
 
     def __post_init__(self):
-        self.names, self.schema = crd_schema(self.crd, self.version)
+        self.names, self.schema = crd_schema(self.crd, self.version, self.crd_name)
         self.group, self.plural, self.kind = (
             self.names["group"], self.names["plural"], self.names["kind"]
         )  # fmt: skip

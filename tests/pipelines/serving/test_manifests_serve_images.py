@@ -53,7 +53,7 @@ def test_the_image_model_is_served_with_only_its_name_changed(
     for document in documents:
         assert schema_errors(document) == "", document["kind"]
     kind, pod_of = WORKLOADS[manifest]
-    (workload,) = [d for d in documents if d["kind"] == kind]
+    workload = [d for d in documents if d["kind"] == kind][0]  # tf-serving.yaml: stable first
     pod = pod_of(workload)
     assert tf_serving(pod)["readinessProbe"]["httpGet"]["path"] == f"/v1/models/{name}/metadata"
     # The ConfigMap of TF Serving's settings, renamed the same way, is the one the pod mounts.

@@ -36,6 +36,7 @@ from pipelines.serving.batching import load_parameters
 SCHEMAS = REPO_ROOT / "tests" / "stand_ins" / "schemas"
 K8S_SWAGGER = SCHEMAS / "kubernetes-1.29-swagger.json.gz"
 KSERVE_CRD = SCHEMAS / "kserve-v0.13.1-inferenceservices-crd.yaml.gz"
+ISTIO_CRDS = SCHEMAS / "istio-1.28.0-crds.yaml.gz"
 SERVING = REPO_ROOT / "kubeflow" / "serving"
 TF_SERVING_YAML = SERVING / "tf-serving.yaml"
 ISVC_YAML = SERVING / "inferenceservice.yaml"
@@ -43,6 +44,7 @@ CONFIG_YAML = SERVING / "tf-serving-config.yaml"
 CRONJOB = REPO_ROOT / "kubeflow" / "watch-cronjob.yaml"
 
 TF_SERVING_IMAGE = "tensorflow/serving:2.16.1"
+MODEL_SERVER = "tfx-taxi-tips-serving"  # the stable Deployment, the clients' Service
 KSERVE_CONTAINER = "kserve-container"  # pkg/constants: InferenceServiceContainerName
 KSERVE_TRANSFORMER_CONTAINER = "transformer-container"  # would take over the Service's port
 QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
@@ -151,9 +153,25 @@ def kserve_crd() -> dict:
 
 
 @functools.cache
+def istio_crd(name: str) -> dict:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crds = yaml.load_all(gzip.decompress(ISTIO_CRDS.read_bytes()), Loader=loader)
+    (crd,) = [c for c in crds if c and c["metadata"]["name"] == name]
+    return crd
+
+
+@functools.cache
 def kserve_validator() -> jsonschema.Draft4Validator:
-    crd = kserve_crd()
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta1"]
+    return crd_validator(kserve_crd(), "v1beta1")
+
+
+@functools.cache
+def virtual_service_validator() -> jsonschema.Draft4Validator:
+    return crd_validator(istio_crd("virtualservices.networking.istio.io"), "v1")
+
+
+def crd_validator(crd: dict, served: str) -> jsonschema.Draft4Validator:
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == served]
     assert version["served"] and version["storage"]
     root = strict(version["schema"]["openAPIV3Schema"], crd=True)
     root["properties"]["apiVersion"] = {
@@ -171,6 +189,8 @@ def kserve_validator() -> jsonschema.Draft4Validator:
 def validator_for(document: dict) -> jsonschema.Draft4Validator:
     if document.get("apiVersion") == "serving.kserve.io/v1beta1":
         return kserve_validator()
+    if document.get("apiVersion") == "networking.istio.io/v1":
+        return virtual_service_validator()
     key = (document.get("apiVersion"), document.get("kind"))
     assert key in ROOTS, f"no schema here for {key}"
     return kubernetes_validator(ROOTS[key])
@@ -197,8 +217,13 @@ def documents(path: Path) -> list[dict]:
     return copy.deepcopy(list(_documents(path)))
 
 
-def one(path: Path, kind: str) -> dict:
-    (document,) = [d for d in documents(path) if d["kind"] == kind]
+def one(path: Path, kind: str, name: str = "") -> dict:
+    """The file's object of `kind`; where it has several, the one named `name` (default: the
+    model server's own name: the stable Deployment, the clients' Service)."""
+    found = [d for d in documents(path) if d["kind"] == kind]
+    if len(found) > 1:
+        found = [d for d in found if d["metadata"]["name"] == (name or MODEL_SERVER)]
+    (document,) = found
     return document
 
 
@@ -246,7 +271,8 @@ def flags(container: dict) -> dict[str, str]:
 
 
 def sync_options(container: dict) -> dict[str, str | bool]:
-    """`tkp serving-sync` options: --target DIR, --interval N, --once, --model-server URL."""
+    """`tkp serving-sync` options: --target DIR, --interval N, --once, --model-server URL,
+    --label TRACK."""
     command = container["command"]
     assert command[:2] == ["tkp", "serving-sync"], command
     options: dict[str, str | bool] = {}
@@ -256,7 +282,8 @@ def sync_options(container: dict) -> dict[str, str | bool]:
         if option == "--once":
             options["once"] = True
         else:
-            assert option in ("--target", "--interval", "--model-server"), f"unknown {option}"
+            known = ("--target", "--interval", "--model-server", "--label")
+            assert option in known, f"unknown {option}"
             options[option[2:]] = rest.pop(0)
     return options
 
@@ -267,10 +294,22 @@ def mount_of(container: dict, volume: str) -> dict:
 
 
 MANIFESTS = [
-    pytest.param(TF_SERVING_YAML, "Deployment", id="tf-serving.yaml:Deployment"),
-    pytest.param(TF_SERVING_YAML, "Service", id="tf-serving.yaml:Service"),
-    pytest.param(ISVC_YAML, "InferenceService", id="inferenceservice.yaml:InferenceService"),
-    pytest.param(CONFIG_YAML, "ConfigMap", id="tf-serving-config.yaml:ConfigMap"),
+    pytest.param(TF_SERVING_YAML, "Deployment", "", id="tf-serving.yaml:Deployment"),
+    pytest.param(TF_SERVING_YAML, "Service", "", id="tf-serving.yaml:Service"),
+    *[
+        pytest.param(
+            TF_SERVING_YAML, kind, f"{MODEL_SERVER}-{name}", id=f"tf-serving.yaml:{kind}-{name}"
+        )  # fmt: skip
+        for kind, name in (
+            ("Deployment", "canary"),
+            ("Service", "stable"),
+            ("Service", "canary"),
+            ("Service", "pods"),
+        )  # fmt: skip
+    ],
+    pytest.param(TF_SERVING_YAML, "VirtualService", "", id="tf-serving.yaml:VirtualService"),
+    pytest.param(ISVC_YAML, "InferenceService", "", id="inferenceservice.yaml:InferenceService"),
+    pytest.param(CONFIG_YAML, "ConfigMap", "", id="tf-serving-config.yaml:ConfigMap"),
 ]
 
 
@@ -286,7 +325,7 @@ def test_vendored_schemas_are_the_upstream_files_recorded_in_the_readme():
         )
     )
     vendored = {p.name for p in SCHEMAS.iterdir() if p.suffix == ".gz"}
-    assert vendored == set(recorded) == {K8S_SWAGGER.name, KSERVE_CRD.name}
+    assert vendored == set(recorded) == {K8S_SWAGGER.name, KSERVE_CRD.name, ISTIO_CRDS.name}
     for name, sha256 in recorded.items():
         content = gzip.decompress((SCHEMAS / name).read_bytes())
         assert hashlib.sha256(content).hexdigest() == sha256, f"{name} is not the recorded file"
@@ -294,6 +333,10 @@ def test_vendored_schemas_are_the_upstream_files_recorded_in_the_readme():
     assert "io.k8s.api.core.v1.SleepAction" in swagger["definitions"]  # new in 1.29
     assert "io.k8s.api.core.v1.AppArmorProfile" not in swagger["definitions"]  # new in 1.30
     assert kserve_crd()["metadata"]["name"] == "inferenceservices.serving.kserve.io"
+    served = {
+        v["name"] for v in istio_crd("virtualservices.networking.istio.io")["spec"]["versions"]
+    }
+    assert served == {"v1", "v1beta1", "v1alpha3"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,14 +344,19 @@ def test_vendored_schemas_are_the_upstream_files_recorded_in_the_readme():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path, kind", MANIFESTS)
-def test_manifest_validates_against_its_pinned_schema(path, kind):
-    document = one(path, kind)
+@pytest.mark.parametrize("path, kind, name", MANIFESTS)
+def test_manifest_validates_against_its_pinned_schema(path, kind, name):
+    document = one(path, kind, name)
     assert schema_errors(document) == ""
 
 
 def test_each_file_holds_exactly_the_expected_objects():
-    assert [d["kind"] for d in documents(TF_SERVING_YAML)] == ["Deployment", "Service"]
+    assert [(d["kind"], d["metadata"]["name"]) for d in documents(TF_SERVING_YAML)] == [
+        ("Deployment", MODEL_SERVER), ("Deployment", f"{MODEL_SERVER}-canary"),
+        ("Service", MODEL_SERVER), ("Service", f"{MODEL_SERVER}-stable"),
+        ("Service", f"{MODEL_SERVER}-canary"), ("Service", f"{MODEL_SERVER}-pods"),
+        ("VirtualService", MODEL_SERVER),
+    ]  # fmt: skip
     assert [d["kind"] for d in documents(ISVC_YAML)] == ["InferenceService"]
     assert [d["kind"] for d in documents(CONFIG_YAML)] == ["ConfigMap"]
 
@@ -510,10 +558,13 @@ def test_sync_containers_write_where_tf_serving_reads_its_model_config(manifest)
     (init,) = pod["initContainers"]
     (sidecar,) = [c for c in pod["containers"] if c is not server]
     assert sync_containers(pod) == [init, sidecar]
-    assert sync_options(init) == {"target": config_dir, "once": True}
+    # The Deployment's pod serves one track (its label); the InferenceService's both labels.
+    track = {"label": "stable"} if manifest == "tf-serving.yaml" else {}
+    assert sync_options(init) == {"target": config_dir, "once": True, **track}
     port = flags(server)["rest_api_port"]  # labels follow what this TF Serving has loaded
     assert sync_options(sidecar) == {"target": config_dir, "interval": "10",
-                                     "model-server": f"http://localhost:{port}"}  # fmt: skip
+                                     "model-server": f"http://localhost:{port}",
+                                     **track}  # fmt: skip
     for container in (init, sidecar):
         mount = mount_of(container, volume)
         assert mount["mountPath"] == config_dir and not mount.get("readOnly")
@@ -546,14 +597,62 @@ def test_names_are_unique_and_every_mount_has_its_volume(manifest):
         assert len(ports) == len({p["containerPort"] for p in ports})
 
 
+def test_the_canary_deployment_is_the_stable_one_but_its_name_track_and_label():
+    stable, canary = (one(TF_SERVING_YAML, "Deployment", f"{MODEL_SERVER}{suffix}")
+                      for suffix in ("", "-canary"))  # fmt: skip
+    text = json.dumps(stable).replace(f"{MODEL_SERVER}-stable", f"{MODEL_SERVER}-canary")
+    text = text.replace('"--label", "stable"', '"--label", "canary"')
+    expected = json.loads(text)
+    expected["metadata"]["name"] = f"{MODEL_SERVER}-canary"
+    assert canary == expected
+    for pod in (_pod(stable), _pod(canary)):  # each track's sync mirrors its own label only
+        assert [c["command"][-2:] for c in sync_containers(pod)] == [
+            ["--label", "stable" if pod is _pod(stable) else "canary"]] * 2  # fmt: skip
+
+
+def test_the_virtual_service_splits_each_port_between_the_track_services_all_to_stable_at_rest():
+    from pipelines.serving import cluster_release
+
+    virtual_service = one(TF_SERVING_YAML, "VirtualService")
+    assert virtual_service["spec"]["hosts"] == [MODEL_SERVER]
+    assert cluster_release.service("taxi-tips") == MODEL_SERVER
+    http = virtual_service["spec"]["http"]
+    # What `watch` writes at rest is what is shipped: applying the file changes nothing.
+    assert cluster_release.routed(http, MODEL_SERVER, 0, False) == http
+    ports = {route["match"][0]["port"]: route["route"] for route in http}
+    assert set(ports) == set(cluster_release.PORTS) == {8500, 8501}
+    for port, destinations in ports.items():
+        assert [(d["destination"]["host"], d["destination"]["port"]["number"], d["weight"])
+                for d in destinations] == [(f"{MODEL_SERVER}-stable", port, 100),
+                                           (f"{MODEL_SERVER}-canary", port, 0)]  # fmt: skip
+    by_name = {d["metadata"]["name"]: d for d in documents(TF_SERVING_YAML)}
+    for track in cluster_release.TRACKS:
+        service, deployment = by_name[f"{MODEL_SERVER}-{track}"], None
+        deployment = one(
+            TF_SERVING_YAML,
+            "Deployment",
+            MODEL_SERVER if track == "stable" else f"{MODEL_SERVER}-canary",
+        )
+        selector = {cluster_release.TRACK_LABEL: f"{MODEL_SERVER}-{track}"}
+        assert (
+            service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"] == selector
+        )
+    # Shadow and a share, as `watch` writes them, are valid VirtualServices too.
+    for shadow, share in ((True, 10), (False, 25)):
+        changed = copy.deepcopy(virtual_service)
+        changed["spec"]["http"] = cluster_release.routed(http, MODEL_SERVER, share, shadow)
+        assert schema_errors(changed) == ""
+
+
 def test_service_routes_grpc_and_http_to_the_deployment_pods():
     deployment = one(TF_SERVING_YAML, "Deployment")
     service = one(TF_SERVING_YAML, "Service")
     template_labels = deployment["spec"]["template"]["metadata"]["labels"]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= template_labels.items()
-    assert service["spec"]["selector"] == selector
-    assert deployment["metadata"]["labels"] == service["metadata"]["labels"] == template_labels
+    assert service["spec"]["selector"] == selector  # without Istio, clients get stable only
+    assert deployment["metadata"]["labels"] == template_labels
+    assert service["metadata"]["labels"].items() <= template_labels.items()
     container_ports = {p["name"]: p["containerPort"] for p in tf_serving(_pod(deployment))["ports"]}
     routes = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
     assert routes == {"grpc": (8500, "grpc"), "http": (8501, "http")}
@@ -575,13 +674,19 @@ def test_inferenceservice_is_the_deployment_pod_as_a_raw_kserve_custom_predictor
     assert server["name"] == KSERVE_CONTAINER and server is tf_serving(predictor)
     assert server["ports"][0]["name"] == "http"
     assert KSERVE_TRANSFORMER_CONTAINER not in [c["name"] for c in predictor["containers"]]
-    # Otherwise the same pod as tf-serving.yaml.
+    # Otherwise the same pod as tf-serving.yaml's stable track, but one server for both labels
+    # (no traffic split: a client names the label), so its sync mirrors every label.
+    for container in sync_containers(pod):
+        assert container["command"][-2:] == ["--label", "stable"]
+        container["command"] = container["command"][:-2]
     assert {**server, "name": "tf-serving"} == tf_serving(pod)
     assert predictor["containers"][1:] == [c for c in pod["containers"] if c is not tf_serving(pod)]
     for field in ("initContainers", "volumes", "securityContext"):
         assert predictor[field] == pod[field], field
     assert predictor["minReplicas"] == predictor["maxReplicas"] == deployment["spec"]["replicas"]
     assert predictor["deploymentStrategy"] == deployment["spec"]["strategy"]
+    track = deployment["metadata"]["labels"].pop("app.kubernetes.io/instance")
+    assert track == f"{MODEL_SERVER}-stable"
     assert isvc["metadata"]["labels"] == deployment["metadata"]["labels"]
 
 
