@@ -333,7 +333,7 @@ class ReleaseJudge:
 
     def __call__(self) -> None:
         from components.base import live_release, release
-        from pipelines.serving import cluster_release
+        from pipelines.serving import cluster, cluster_release
 
         folder, name = self.config.serving_model_dir, self.config.model_name
         try:
@@ -342,7 +342,7 @@ class ReleaseJudge:
                 judged = self._cluster.poll()
             else:
                 judged = release.judge_release(folder, name, self.config.metrics_url())
-        except (live_release.MetricsUnavailable, cluster_release.ClusterUnavailable,
+        except (live_release.MetricsUnavailable, cluster.ClusterUnavailable,
                 registry.RegistryError) as error:  # fmt: skip
             self._once(f"release: {error}", error=True)
             return

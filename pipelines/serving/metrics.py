@@ -31,10 +31,10 @@ disable_created_metrics()  # no `_created` series: TF Serving writes none
 PATH = "/monitoring/prometheus/metrics"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = tuple(10e-6 * 1.8**i for i in range(33))
-# Scores in [0, 1] in tenths; class indexes 0..99 each in its own bucket above that.
 TF_LATENCY = ":tensorflow:serving:request_latency"
 # Buckets::Exponential(10, 1.8, 33) (servables/tensorflow/util.cc), in microseconds.
 _TF_LATENCY_LIMITS = tuple(10 * 1.8**i for i in range(33))
+# Scores in [0, 1] in tenths; class indexes 0..99 each in its own bucket above that.
 _PREDICTION_BUCKETS = tuple(i / 10 for i in range(1, 11)) + tuple(float(i) + 0.5 for i in
                                                                   range(1, 100))  # fmt: skip
 

@@ -3,17 +3,22 @@ routing by it, for kubeflow/serving/tf-serving.yaml's traffic split. No Istio ca
 
 - The API: `networking.istio.io/v1` VirtualServices, their schema the CRD of istio/api 1.28.0
   (tests/stand_ins/schemas/, byte for byte); istiod's validating webhook (`validation.istio.io`)
-  is played for the fields the product writes, from the API's own documentation
-  (networking/v1alpha3/virtual_service.proto at 1.28.0): a weight is relative ("a destination
-  will receive weight/(sum of all weights) requests", 0: none) and never negative; a
-  mirrorPercentage is at most 100. Any other field of an HTTP route, or a match on anything but
-  a port, is refused: the stand-in does not know istiod's rules for it.
+  is played for the fields the product writes, from istio/istio 1.28.0's
+  pkg/config/validation (validation.go validateWeight and validateHTTPRouteDestinations: a
+  weight is never negative, the weights of several destinations never all 0; virtualservice.go:
+  a mirrorPercentage from 0 to 100), its denial worded as pkg/webhooks/validation/server does
+  ("configuration is invalid: ..."). Weights are relative (virtual_service.proto: "a
+  destination will receive weight/(sum of all weights) requests"). Any other field of an HTTP
+  route, or a match on anything but a port, is refused: the stand-in does not know istiod's
+  rules for it.
 - The mesh (`Mesh.send`): what a client's Envoy sidecar does with a request to the
   VirtualService's host on a port: the route matching the port, a destination drawn with the
   weights' probabilities (Envoy's weighted clusters), the request sent to a ready pod of that
   destination's Service (the Service's selector, its port's targetPort); with a mirror, a copy
   goes to the mirror's Service too and its answer is dropped (Envoy's request mirror policy).
-  Not played: retries, timeouts, mTLS, load balancing beyond a random ready pod.
+  Not played: retries, timeouts, load balancing beyond a random ready pod, mTLS and
+  AuthorizationPolicy (a caller without the mesh's identity is not refused here; on Kubeflow it
+  is, which is why cluster.ModelServerPod names the headless Service's host).
 """
 
 from __future__ import annotations
@@ -40,11 +45,18 @@ def webhook(body: dict) -> list[str]:
         if unknown or any(set(m) != {"port"} for m in route.get("match", [])):
             errors.append(f"http[{i}]: the stand-in cannot play istiod's validation of "
                           f"{unknown or 'a match other than port'}, so it refuses it")  # fmt: skip
-        for destination in route.get("route", []):
+        destinations = route.get("route", [])
+        for destination in destinations:  # validation.go validateWeight
             if destination.get("weight", 0) < 0:
                 errors.append(f"weight {destination['weight']} < 0")
-        if route.get("mirrorPercentage", {}).get("value", 100) > 100:
-            errors.append("mirror_percentage must have a max value of 100")
+        if len(destinations) > 1 and sum(d.get("weight", 0) for d in destinations) == 0:
+            errors.append("total destination weight = 0")  # validateHTTPRouteDestinations
+        if "mirrorPercentage" in route:  # virtualservice.go
+            value = route["mirrorPercentage"].get("value", 0.0)
+            if value > 100:
+                errors.append(f"mirror_percentage must have a max value of 100 (it has {value:f})")
+            if value < 0:
+                errors.append(f"mirror_percentage must have a min value of 0 (it has {value:f})")
     return [f"configuration is invalid: {e}" for e in errors]
 
 

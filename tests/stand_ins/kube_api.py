@@ -27,16 +27,23 @@ follows (kubernetes v1.29 unless named), and where it cannot play a rule it refu
   container is a real process with the env the kubelet gives it (see below for what else); a
   log of a pod not started yet is a 400 (`container "<c>" in pod "<p>" is waiting to start`);
   a pod's DNS name under a headless Service's subdomain, in its env, is answered on loopback
-  (`_resolve`).
-RBAC, when given (`rbac`): a call the Role does not allow is a 403 with the authorizer's text;
-every call is recorded for the tests to compare with the Role the product ships. Not played:
-owner-reference garbage collection, graceful deletion (a deleted pod is gone at once; on a
-cluster it is listed a while with a deletionTimestamp, ending Failed with 143, which
-replica_pods.failure leaves out), resourceVersion and updates (nothing here updates an
-object), watches, label selectors beyond one `key=value` (refused), a name that does not
-resolve yet: a real cluster has a pod's DNS record once the pod has an IP (JobSet's headless
-Service publishes addresses not ready), the stand-in answers from the pod's creation; but pods'
-containers start up to 3 s apart, so a replica does meet peers that do not listen yet. A pod's
+  (`_resolve`); each pod has an IP of its own on loopback (`pod_ip`, `status.podIP`, the
+  downward API's too), its command's `$(VAR)` expanded as the kubelet does, and a Ready
+  condition from its readinessProbe (kube_pods.Pod.ready);
+- patch: a JSON merge patch of a custom resource, admitted as a create is (schema, CEL, the
+  webhook), a strategic merge patch refused with 415 as for any custom resource, a
+  `metadata.resourceVersion` in the patch that is not the stored one a 409 Conflict; each
+  create and patch gives a new resourceVersion, a patch that changes `spec` a new generation.
+RBAC, when given (`rbac`): a call the Role does not allow is a 403 with the authorizer's text
+(a rule may name the one object it allows, as resourceNames does); every call is recorded for
+the tests to compare with the Role the product ships. Not played: owner-reference garbage
+collection, graceful deletion (a deleted pod is gone at once; on a cluster it is listed a while
+with a deletionTimestamp, ending Failed with 143, which replica_pods.failure leaves out),
+updates (PUT), a JSON patch (refused), watches, label selectors beyond one `key=value`
+(refused), a name that does not resolve yet: a real cluster has a pod's DNS record once the
+pod has an IP (JobSet's headless Service publishes addresses not ready), the stand-in answers
+from the pod's creation; but pods' containers start up to 3 s apart, so a replica does meet
+peers that do not listen yet. A pod's
 env is the image's (kubeflow/Dockerfile's ENV, `image_env`) and what the pod spec and its
 controller give it, nothing of this test process's: the replicas run this machine's Python.
 Nodes and pods are in kube_pods.py; Pod Security admission in pod_security.py.
@@ -204,6 +211,14 @@ class KubeApi:
                                "not found")  # fmt: skip
             before = json.loads(json.dumps(found))
         merged = _merge_patch(json.loads(json.dumps(before)), patch)
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted and wanted != before["metadata"].get("resourceVersion"):
+            # A precondition in the patch (apiserver: the update's resourceVersion must be the
+            # stored one, else a Conflict).
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on '
+                           f'{resource.plural}.{resource.group} "{name}": the object has been '
+                           "modified; please apply your changes to the latest version and try "
+                           "again")  # fmt: skip
         if merged.get("metadata", {}).get("name") != name:
             raise ApiError(400, "BadRequest", "the name of the object does not match the name "
                            "on the URL")  # fmt: skip
@@ -434,10 +449,15 @@ class KubeApi:
 
     # -- for tests -------------------------------------------------------------------------
 
-    def authorize(self, group: str, resource: str, verb: str, namespace: str | None) -> None:
+    def authorize(self, group: str, resource: str, verb: str, namespace: str | None,
+                  name: str | None = None) -> None:  # fmt: skip
         """RBAC's refusal (apiserver pkg/endpoints/filters/authorization.go, the message of
-        k8s.io/apiserver pkg/endpoints/handlers/responsewriters forbidden)."""
+        k8s.io/apiserver pkg/endpoints/handlers/responsewriters forbidden). A rule is
+        (group, resource, verb), or with a fourth item the one object name it allows (a Role's
+        resourceNames; a list or create names none, so such a rule never allows them)."""
         if self.rbac is None or (group, resource, verb) in self.rbac:
+            return
+        if name is not None and (group, resource, verb, name) in self.rbac:
             return
         user = f"system:serviceaccount:{self.namespace}:pipeline-runner"
         what, _, sub = resource.partition("/")
@@ -539,7 +559,7 @@ def _handler(api: KubeApi):
             verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method, "get")
             verb = "list" if verb == "get" and name is None else verb
             api.requests.add((group, plural, verb))
-            api.authorize(group, plural, verb, namespace)
+            api.authorize(group, plural, verb, namespace, name)
             if resource is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             if resource.namespaced and namespace != api.namespace:

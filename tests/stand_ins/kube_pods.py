@@ -96,9 +96,10 @@ class Pod:
         return "Running" if code is None else "Succeeded" if code == 0 else "Failed"
 
     def ready(self) -> bool:
-        """The kubelet's readiness: running, and its readinessProbe's httpGet (the only kind
-        played; another kind is refused) answering 200-399 (pkg/probe/http) within the
-        probe's timeoutSeconds. Probed when asked, not every periodSeconds."""
+        """The kubelet's readiness, simplified: running, and its readinessProbe's httpGet (the
+        only kind played; another kind is refused) answering 200-399 (pkg/probe/http) within
+        the probe's timeoutSeconds. One try when asked: not every periodSeconds, without
+        failureThreshold, successThreshold or a startupProbe before it."""
         if self.phase() != "Running":
             return False
         probe = self.container.get("readinessProbe")

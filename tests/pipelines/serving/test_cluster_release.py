@@ -14,6 +14,7 @@ exporter does), fed from the store as the track's sync sidecar feeds TF Serving
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import threading
 import time
@@ -26,7 +27,7 @@ from components.base import serving_state
 from components.base.config import PipelineConfig
 from components.base.use_case import load as load_use_case
 from components.training.export import SERVING_SIGNATURE
-from pipelines.serving import cluster_release
+from pipelines.serving import cluster, cluster_release
 from pipelines.serving.samples import row_to_example
 from pipelines.watch import ReleaseJudge
 from tests.pipelines.serving.served import frame_rows, push
@@ -43,10 +44,18 @@ def _documents(path: Path, model: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text().replace(SHIPPED_NAME, model)) if d]
 
 
-def _role_rules(cronjob: list[dict]) -> set[tuple[str, str, str]]:
+def _role_rules(cronjob: list[dict]) -> set[tuple]:
+    """The Role's rules as the stand-in's RBAC reads them, resourceNames kept."""
     (role,) = [d for d in cronjob if d["kind"] == "Role"]
-    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
-            for resource in rule["resources"] for verb in rule["verbs"]}  # fmt: skip
+    rules = set()
+    for rule in role["rules"]:
+        for group, resource, verb in itertools.product(
+            rule["apiGroups"], rule["resources"], rule["verbs"]
+        ):
+            names = rule.get("resourceNames")
+            rules |= {(group, resource, verb, n) for n in names} if names else {
+                (group, resource, verb)}  # fmt: skip
+    return rules
 
 
 def _pod(deployment: dict, work: Path, serving_root: str, drills: list[str]) -> dict:
@@ -157,7 +166,11 @@ def test_a_cluster_release_moves_traffic_judges_on_tf_serving_metrics_and_aborts
             "release_max_p99_ratio": "10",
         }, environ={})  # fmt: skip
         judge = ReleaseJudge(config)
-        name = cluster_release.service(model)
+        name = cluster.service(model)
+        # Each pod asked at its IP under the headless Service's name (mTLS in a mesh).
+        (canary_pod,) = cluster.Cluster(model).pods("canary")
+        dashed = canary_pod.ip.replace(".", "-")
+        assert canary_pod.host == f"{dashed}.{name}-pods.{NAMESPACE}.svc.cluster.local:8501"
         rows = frame_rows(eval_frame.head(2))
         use_case = load_use_case(tabular_use_case_model.name)
         instances = [{"b64": base64.b64encode(row_to_example(r, use_case)).decode()}
@@ -231,14 +244,19 @@ def test_tf_serving_figures_count_inference_answers_and_errors_and_a_restart_sta
     text = served.exposition().decode()
     assert ':tensorflow:serving:request_latency_bucket{model_name="m",API="predict",' \
         'entrypoint="REST",le="10"} 0' in text  # fmt: skip
-    figures = cluster_release.tf_serving_figures(text, "m")
+    figures = cluster.tf_serving_figures(text, "m")
     assert (figures.requests, figures.errors) == (4, 1)
+    # gRPC answers, as TF Serving records them (prediction_service_impl.cc), count too.
+    for _ in range(5):
+        served.tf_latency.observe(("m", "Predict", "GRPC"), 2000.0)
+    grpc = cluster.tf_serving_figures(served.exposition().decode(), "m")
+    assert (grpc.requests, grpc.errors) == (4 + 5, 1)
     # In the bucket that holds 4 ms (3.57 to 6.43 ms), not the other model's 500 ms.
     assert 3.57 < figures.p99_ms < 6.43
-    later = cluster_release.tf_serving_figures(text.replace("} 3\n", "} 7\n"), "m")
+    later = cluster.tf_serving_figures(text.replace("} 3\n", "} 7\n"), "m")
     grown = cluster_release.growth(later, figures)
     assert (grown.requests, grown.errors) == (later.requests - 4, 0)
-    restarted = cluster_release.tf_serving_figures(ServingMetrics().exposition().decode(), "m")
+    restarted = cluster.tf_serving_figures(ServingMetrics().exposition().decode(), "m")
     assert cluster_release.growth(restarted, figures) is restarted  # counters went back
 
 
@@ -247,21 +265,27 @@ def test_the_cluster_calls_refused_say_what_to_apply(tmp_path, monkeypatch):
 
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config either
-    with pytest.raises(cluster_release.ClusterUnavailable, match="no Kubernetes API"):
-        cluster_release.Cluster("m")
-    for rbac, served, expected in (
-        (set(), True, "cannot get virtualservices in namespace team-a \\(403\\).*Role"),
-        (None, False, "\\(404\\).*Apply kubeflow/serving/tf-serving.yaml.*needs Istio"),
+    with pytest.raises(cluster.ClusterUnavailable, match="no Kubernetes API"):
+        cluster.Cluster("m")
+    for rbac, expected in (
+        (set(), "cannot get virtualservices in namespace team-a \\(403\\).*Role"),
+        # Another object than the Role's resourceNames allows.
+        ({("networking.istio.io", "virtualservices", "get", "tfx-other-serving")}, "\\(403\\)"),
     ):
         api = KubeApi(tmp_path, NAMESPACE, {}, rbac=rbac)
         try:
-            if served:
-                istio.Mesh(api, [])
+            istio.Mesh(api, [])
             monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig))
-            with pytest.raises(cluster_release.ClusterUnavailable, match=expected):
-                cluster_release.Cluster("m").routes()
+            with pytest.raises(cluster.ClusterUnavailable, match=expected):
+                cluster.Cluster("m").routes()
         finally:
             api.close()
+    api = KubeApi(tmp_path, NAMESPACE, {})  # no Istio: no VirtualService to move
+    try:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig))
+        assert cluster.Cluster("m").routes() is None
+    finally:
+        api.close()
 
 
 def test_the_virtual_service_api_refuses_what_istio_and_the_api_server_refuse(tmp_path):
@@ -303,3 +327,22 @@ def test_the_virtual_service_api_refuses_what_istio_and_the_api_server_refuse(tm
         assert answer.json()["metadata"]["generation"] == 2
     finally:
         api.close()
+
+
+def test_a_pod_whose_metrics_cannot_be_read_is_named_and_the_release_waits():
+    nothing = "http://127.0.0.1:9"  # the discard port: nothing listens
+    pod = cluster.ModelServerPod(
+        "tfx-m-serving-canary-0",
+        "uid",
+        "127.0.0.1",
+        0,
+        "h:8501",
+        f"{nothing}/monitoring/prometheus/metrics",
+    )
+    with pytest.raises(cluster.ClusterUnavailable) as raised:
+        pod.figures("m")
+    message = str(raised.value)
+    assert "model-server pod tfx-m-serving-canary-0 at http://127.0.0.1:9/" in message
+    assert "--monitoring_config_file" in message and "stable keeps serving" in message
+    assert pod.predict("m", {"instances": [1]}) == (0, None)  # 8501: nothing listens either
+    assert pod.version_state("m", 1).startswith("no answer")

@@ -611,11 +611,11 @@ def test_the_canary_deployment_is_the_stable_one_but_its_name_track_and_label():
 
 
 def test_the_virtual_service_splits_each_port_between_the_track_services_all_to_stable_at_rest():
-    from pipelines.serving import cluster_release
+    from pipelines.serving import cluster, cluster_release
 
     virtual_service = one(TF_SERVING_YAML, "VirtualService")
     assert virtual_service["spec"]["hosts"] == [MODEL_SERVER]
-    assert cluster_release.service("taxi-tips") == MODEL_SERVER
+    assert cluster.service("taxi-tips") == MODEL_SERVER
     http = virtual_service["spec"]["http"]
     # What `watch` writes at rest is what is shipped: applying the file changes nothing.
     assert cluster_release.routed(http, MODEL_SERVER, 0, False) == http
@@ -626,14 +626,14 @@ def test_the_virtual_service_splits_each_port_between_the_track_services_all_to_
                 for d in destinations] == [(f"{MODEL_SERVER}-stable", port, 100),
                                            (f"{MODEL_SERVER}-canary", port, 0)]  # fmt: skip
     by_name = {d["metadata"]["name"]: d for d in documents(TF_SERVING_YAML)}
-    for track in cluster_release.TRACKS:
+    for track in cluster.TRACKS:
         service, deployment = by_name[f"{MODEL_SERVER}-{track}"], None
         deployment = one(
             TF_SERVING_YAML,
             "Deployment",
             MODEL_SERVER if track == "stable" else f"{MODEL_SERVER}-canary",
         )
-        selector = {cluster_release.TRACK_LABEL: f"{MODEL_SERVER}-{track}"}
+        selector = {cluster.TRACK_LABEL: f"{MODEL_SERVER}-{track}"}
         assert (
             service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"] == selector
         )
