@@ -26,6 +26,7 @@ from components.base import store_supervisor as supervisor
 from components.base.errors import ActionableError
 from components.base.processes import stop_process
 
+_START_TRIES = 3  # SeaweedFS starts, when a port it was given is taken meanwhile
 S3_ENV_KEYS = ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
 
 
@@ -223,6 +224,26 @@ class EmbeddedObjectStore:
                 f"version or another tool): stop it with `kill {pids}`, then start again."
             )
         (self.data_dir / supervisor.KEEP_FILE).unlink(missing_ok=True)  # a killed store's
+        for attempt in range(_START_TRIES):
+            log_offset = self._spawn()
+            try:
+                self._wait_until_it_answers(timeout_s, log_offset)
+            except StoreError as e:
+                self._stop_supervisor()
+                # A free port chosen in _spawn can be taken by another process before SeaweedFS
+                # binds it (ports are picked, then bound): new ports, up to three tries.
+                if "address already in use" in str(e) and attempt < _START_TRIES - 1:
+                    continue
+                raise
+            except BaseException:  # Ctrl-C or a signal while it starts: never leave it
+                self._stop_supervisor()
+                raise
+            break
+        os.environ["AWS_ENDPOINT_URL_S3"] = self.endpoint
+
+    def _spawn(self) -> int:
+        """Starts SeaweedFS (under its supervisor) on free ports; returns where its log's
+        lines of this start begin."""
         s3_port, master_port, volume_port, filer_port = (_free_port_pair() for _ in range(4))
         s3_port = self.s3_port or s3_port
         temp_dir = self._private_folders()
@@ -255,12 +276,7 @@ class EmbeddedObjectStore:
                      "TMPDIR": str(temp_dir)},
             )  # fmt: skip
         self.endpoint, self.supervisor_pid = endpoint, self.process.pid
-        try:
-            self._wait_until_it_answers(timeout_s, log_offset)
-        except BaseException:  # an error, Ctrl-C or a signal while it starts: never leave it
-            self._stop_supervisor()
-            raise
-        os.environ["AWS_ENDPOINT_URL_S3"] = self.endpoint
+        return log_offset
 
     def _private_folders(self) -> Path:
         """A fresh temp folder for SeaweedFS's own log files, which it otherwise leaves in the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -124,6 +125,32 @@ def test_seaweedfs_exiting_early_shows_its_own_error_line(tmp_path, own_environm
         assert str(tmp_path / "seaweedfs.log") in message
     finally:
         other.stop()
+
+
+def test_a_port_taken_between_its_choice_and_seaweedfs_binding_it_is_chosen_again(
+    tmp_path, own_environment, monkeypatch
+):
+    """The ports are picked free, then bound by SeaweedFS a moment later; another process may
+    take one in between (CI46: the volume's gRPC port). The first start's volume port is held
+    here, so SeaweedFS fails to bind it; the store starts on new ports."""
+    from components.base import object_store
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    taken = held.getsockname()[1] - 10000  # SeaweedFS puts the volume's gRPC port at +10000
+    chosen = iter([object_store._free_port_pair(), object_store._free_port_pair(), taken,
+                   object_store._free_port_pair()])  # fmt: skip
+    real = object_store._free_port_pair
+    monkeypatch.setattr(object_store, "_free_port_pair", lambda: next(chosen, None) or real())
+    store = EmbeddedObjectStore(tmp_path / "seaweedfs")
+    try:
+        store.start()
+        assert boto3.client("s3", endpoint_url=store.endpoint).list_buckets() is not None
+        log = store.log_path.read_text()
+        assert f"{taken + 10000}" in log and "address already in use" in log  # the first try
+    finally:
+        store.stop()
+        held.close()
 
 
 def test_store_log_handle_is_closed_in_the_parent(tmp_path, own_environment):
