@@ -12,7 +12,7 @@ import urllib.request
 
 from components.base import live_release
 from components.base.errors import ActionableError
-from pipelines.serving import metrics
+from pipelines.serving import metrics, serving_sync
 
 TRACKS = ("stable", "canary")
 TRACK_LABEL = "app.kubernetes.io/instance"  # each Deployment's pods: tfx-<model>-serving-<track>
@@ -82,17 +82,10 @@ class ModelServerPod:
         return opener.open(request, timeout=_TIMEOUT[1])
 
     def version_state(self, model_name: str, version: int) -> str:
-        """ "AVAILABLE" when TF Serving answers that `version` is (GET .../versions/N), else what
-        it or the network said instead."""
-        try:
-            with self._open(f"/v1/models/{model_name}/versions/{version}") as answer:
-                statuses = json.loads(answer.read()).get("model_version_status", [])
-        except urllib.error.HTTPError as e:
-            return f"HTTP {e.code}: {e.read()[:200].decode(errors='replace')}"
-        except (OSError, ValueError) as e:
-            return f"no answer ({e})"
-        states = {s.get("state") for s in statuses}
-        return "AVAILABLE" if "AVAILABLE" in states else "/".join(sorted(states)) or "unknown"
+        """ "AVAILABLE" when TF Serving answers that `version` is, else what it or the network
+        said instead."""
+        url = f"http://{self.ip}:{REST_PORT}"
+        return serving_sync.version_state(url, model_name, version, self.host, _TIMEOUT[1])
 
     def predict(self, model_name: str, body: dict) -> tuple[int, dict | None]:
         """(the HTTP status, the answer when 200) of a :predict `body`; status 0 when the pod

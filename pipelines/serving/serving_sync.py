@@ -273,24 +273,35 @@ def _copy_version(source: str, destination: Path, staging_root: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def model_server_loaded(url: str, model_name: str) -> Callable[[int], bool]:
-    """Whether TF Serving at `url` reports a version AVAILABLE (GET /v1/models/<name>/versions/N);
-    any failure to ask counts as not loaded (a label moving there waits for the next round)."""
+def version_state(url: str, model_name: str, version: int, host: str | None = None,
+                  timeout: float = 5) -> str:  # fmt: skip
+    """ "AVAILABLE" when TF Serving at `url` answers that `version` is (GET
+    /v1/models/<name>/versions/N), else what it or the network said instead. `host`: the Host
+    header (a pod asked at its IP under a Service's name)."""
+    import urllib.error
     import urllib.request
 
-    # No proxy: the model server is this pod's (a cluster's HTTP_PROXY would swallow it).
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/v1/models/{model_name}/versions/{version}",
+        headers={"Host": host} if host else {},
+    )  # fmt: skip
+    # No proxy: the model server is this pod's or the cluster's (an HTTP_PROXY would swallow it).
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout) as answer:
+            statuses = json.loads(answer.read()).get("model_version_status", [])
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code}: {e.read()[:200].decode(errors='replace')}"
+    except (OSError, ValueError) as e:
+        return f"no answer ({e})"
+    states = {s.get("state") for s in statuses}
+    return "AVAILABLE" if "AVAILABLE" in states else "/".join(sorted(states)) or "unknown"
 
-    def available(version: int) -> bool:
-        address = f"{url.rstrip('/')}/v1/models/{model_name}/versions/{version}"
-        try:
-            with opener.open(address, timeout=5) as answer:
-                statuses = json.loads(answer.read()).get("model_version_status", [])
-        except (OSError, ValueError):
-            return False
-        return any(s.get("state") == "AVAILABLE" for s in statuses)
 
-    return available
+def model_server_loaded(url: str, model_name: str) -> Callable[[int], bool]:
+    """Whether TF Serving at `url` reports a version AVAILABLE; any failure to ask counts as
+    not loaded (a label moving there waits for the next round)."""
+    return lambda version: version_state(url, model_name, version) == "AVAILABLE"
 
 
 def run(serving_model_dir: str, model_name: str, target: Path, interval: float | None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,17 @@ from pipelines.serving.serve import start_in_thread
 def frame_rows(frame) -> list[dict[str, str]]:
     """DataFrame rows as a client reads them from a span's CSV file (pipelines/data.py)."""
     return list(csv.DictReader(io.StringIO(frame.to_csv(index=False, na_rep=""))))
+
+
+def judge_until(condition, what: str, judge=None, timeout: float = 180.0) -> None:
+    """Runs `watch`'s release check (`judge`, as its CronJob would, more often) until
+    `condition` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if judge:
+            judge()
+        time.sleep(0.5)
 
 
 def push(folder: str, model: str, model_dir: str, version: int, examples: list[bytes],

@@ -30,7 +30,7 @@ from components.training.export import SERVING_SIGNATURE
 from pipelines.serving import cluster, cluster_release
 from pipelines.serving.samples import row_to_example
 from pipelines.watch import ReleaseJudge
-from tests.pipelines.serving.served import frame_rows, push
+from tests.pipelines.serving.served import frame_rows, judge_until, push
 from tests.stand_ins.istio import Mesh
 from tests.stand_ins.kube_api import KubeApi
 
@@ -114,16 +114,6 @@ def _weights(api: KubeApi, name: str) -> list[tuple[int, int, bool]]:
             for r in virtual_service["spec"]["http"]]  # fmt: skip
 
 
-def _until(condition, what: str, judge=None, timeout: float = 180.0) -> None:
-    """Runs `watch`'s release check (as its CronJob would, more often) until `condition`."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        if judge:
-            judge()
-        time.sleep(0.5)
-
-
 def test_a_cluster_release_moves_traffic_judges_on_tf_serving_metrics_and_aborts_a_failing_canary(
     object_store, tabular_use_case_model, tmp_path, monkeypatch
 ):
@@ -154,7 +144,7 @@ def test_a_cluster_release_moves_traffic_judges_on_tf_serving_metrics_and_aborts
             pods.append(api.add_pod(manifest, {}, f"ReplicaSet/{deployment['metadata']['name']}",
                                     "FailedCreate"))  # fmt: skip
         assert all(pods), api.events  # admitted by Pod Security's restricted level
-        _until(lambda: all(p.ready() for p in pods), "both tracks' pods ready")
+        judge_until(lambda: all(p.ready() for p in pods), "both tracks' pods ready")
 
         monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig))
         config = PipelineConfig.load({
@@ -182,7 +172,7 @@ def test_a_cluster_release_moves_traffic_judges_on_tf_serving_metrics_and_aborts
         # A canary with a 30 % share, promoted on its pods' TF Serving metrics.
         push(folder, model, fn_args.serving_model_dir, 2, examples, config.release_policy())
         shares = set()
-        _until(lambda: shares.add(tuple(_weights(api, name))) or not
+        judge_until(lambda: shares.add(tuple(_weights(api, name))) or not
                serving_state.read(folder, model).release, "the first verdict", judge)  # fmt: skip
         assert ((70, 30, False), (70, 30, False)) in shares  # both ports split
         state = serving_state.read(folder, model)
@@ -195,12 +185,12 @@ def test_a_cluster_release_moves_traffic_judges_on_tf_serving_metrics_and_aborts
         assert figures["prediction_shift"] == 0.0
         assert 200 in traffic.by(f"{name}-canary")  # the canary answered clients
         # The routes go back once the stable pod serves version 2 (the canary pod does too).
-        _until(lambda: _weights(api, name) == [(100, 0, False)] * 2, "the routes back", judge)
+        judge_until(lambda: _weights(api, name) == [(100, 0, False)] * 2, "the routes back", judge)
 
         # The next canary fails half its requests (the drill): aborted, its share taken back.
         before = len(traffic.answers)
         push(folder, model, fn_args.serving_model_dir, 3, examples, config.release_policy())
-        _until(lambda: not serving_state.read(folder, model).release, "the abort", judge)
+        judge_until(lambda: not serving_state.read(folder, model).release, "the abort", judge)
         state = serving_state.read(folder, model)
         assert (state.labels, state.change["what"]) == ({"stable": 2}, "abort")
         assert state.change["figures"]["canary"]["error_rate"] >= 0.3
@@ -213,7 +203,7 @@ def test_a_cluster_release_moves_traffic_judges_on_tf_serving_metrics_and_aborts
         before = len(traffic.answers)
         push(folder, model, fn_args.serving_model_dir, 4, examples, shadow)
         mirrored = set()
-        _until(lambda: mirrored.add(tuple(_weights(api, name))) or not
+        judge_until(lambda: mirrored.add(tuple(_weights(api, name))) or not
                serving_state.read(folder, model).release, "the shadow's abort", judge)  # fmt: skip
         assert ((100, 0, True), (100, 0, True)) in mirrored
         state = serving_state.read(folder, model)

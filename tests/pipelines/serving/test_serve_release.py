@@ -5,8 +5,6 @@ answering while labels move. On the session's model of each tabular use case."""
 
 from __future__ import annotations
 
-import time
-
 import requests
 
 from components.base import release, serving_state, storage
@@ -15,7 +13,7 @@ from pipelines.serving import metrics, serving_sync
 from pipelines.serving.routing import Router
 from pipelines.serving.serving_client import ServingClient
 from pipelines.watch import ReleaseJudge
-from tests.pipelines.serving.served import frame_rows, push, serving
+from tests.pipelines.serving.served import frame_rows, judge_until, push, serving
 from tests.pipelines.serving.test_serve_reload import Traffic, wait_until
 
 
@@ -107,13 +105,9 @@ def _samples(text: str) -> dict:
     }
 
 
-def _judge_until_decided(judge, folder: str, model: str, timeout: float = 120):
+def _decided(judge, folder: str, model: str):
     """`watch`'s release check at each of its polls, until the release ends."""
-    deadline = time.monotonic() + timeout
-    while serving_state.read(folder, model).release:
-        assert time.monotonic() < deadline, "the release was not decided in time"
-        judge()
-        time.sleep(0.5)
+    judge_until(lambda: not serving_state.read(folder, model).release, "the verdict", judge, 120)
     return serving_state.read(folder, model)
 
 
@@ -146,7 +140,7 @@ def test_releases_are_judged_on_live_figures_promoted_or_aborted_and_stable_neve
         try:
             push(folder, model, fn_args.serving_model_dir, 2, examples, config.release_policy())
             wait_until(lambda: manager.router.release is not None, "the release in force")
-            state = _judge_until_decided(judge, folder, model)
+            state = _decided(judge, folder, model)
             assert (state.labels, state.change["what"]) == (
                 {"stable": 2},
                 "promotion",
@@ -165,7 +159,7 @@ def test_releases_are_judged_on_live_figures_promoted_or_aborted_and_stable_neve
 
             manager.router.drill(3, error_share=0.5)  # before it can answer anything
             push(folder, model, fn_args.serving_model_dir, 3, examples, config.release_policy())
-            state = _judge_until_decided(judge, folder, model)
+            state = _decided(judge, folder, model)
             assert (state.labels, state.change["what"]) == ({"stable": 2}, "abort")
             assert state.change["figures"]["canary"]["error_rate"] >= 0.4
             assert "error rate" in state.change["why"]
@@ -177,7 +171,7 @@ def test_releases_are_judged_on_live_figures_promoted_or_aborted_and_stable_neve
             failed_before = len(unlabelled.failures)
             manager.router.drill(4, error_share=1.0)
             push(folder, model, fn_args.serving_model_dir, 4, examples, shadow)
-            state = _judge_until_decided(judge, folder, model)
+            state = _decided(judge, folder, model)
             assert (state.labels, state.change["what"]) == ({"stable": 2}, "abort")
             assert state.change["figures"]["canary"]["error_rate"] == 1.0
             assert len(unlabelled.failures) == failed_before  # every client got stable's answer
