@@ -26,7 +26,9 @@ from components.steps.run_report import RunReport  # noqa: E402
 from components.steps.schema import CuratedSchema  # noqa: E402
 from components.steps.span_selection import TRAIN_KEY, SelectSpans  # noqa: E402
 from components.steps.trainer import TunableTrainer  # noqa: E402
+from components.steps.tuner import SEARCH_FOLDER, HyperparameterSearch  # noqa: E402
 from components.steps.validation import StrictExampleValidator  # noqa: E402
+from components.training import search_space  # noqa: E402
 from components.training.checkpoints import CHECKPOINTS_FOLDER  # noqa: E402
 
 # User code is referenced by import path, not by module_file: TFX would otherwise package it as a
@@ -50,10 +52,10 @@ def run_parameter_values(config: PipelineConfig) -> dict[str, str | int | float]
 
 
 def trainer_config(config: PipelineConfig) -> dict:
-    """The Trainer's custom_config: run_fn's settings that are not run parameters."""
-    return {
+    """The Trainer's custom_config: run_fn's settings that are not run parameters. The
+    `hyperparameters` setting's learning_rate and batch_size win over the fields of that name."""
+    settings = {
         "use_case": config.use_case,
-        "hyperparameters": json.loads(config.hyperparameters),
         "initial_weights": config.initial_weights,
         "batch_size": config.batch_size,
         "learning_rate": config.learning_rate,
@@ -68,6 +70,7 @@ def trainer_config(config: PipelineConfig) -> dict:
         "tensorboard_every_steps": config.tensorboard_every_steps,
         **({"cluster_job": cluster_job_settings(config)} if config.num_workers > 1 else {}),
     }
+    return search_space.apply(settings, json.loads(config.hyperparameters))
 
 
 def cluster_job_settings(config: PipelineConfig) -> dict:
@@ -149,6 +152,28 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
         )
         # Transform must not start on data that failed validation.
         transform.add_upstream_node(example_validator)
+        tuner = HyperparameterSearch(
+            examples=transform.outputs["transformed_examples"],
+            transform_graph=transform.outputs["transform_graph"],
+            schema=schema.outputs["schema"],
+            selection=select_spans.outputs["selection"],
+            raw_examples=example_gen.outputs["examples"] if images else None,
+            tune=param["tune"],
+            tuner_parallel_trials=param["tuner_parallel_trials"],
+            tuner_max_trials=param["tuner_max_trials"],
+            tuner_max_minutes=param["tuner_max_minutes"],
+            tuner_algorithm=config.tuner_algorithm,
+            tuner_objective=config.tuner_objective,
+            tuner_trial_steps=config.tuner_trial_steps,
+            train_steps=param["train_steps"],
+            epochs=param["epochs"],
+            eval_steps=config.eval_steps,
+            custom_config=json.dumps(trainer_config(config), sort_keys=True),
+            pinned=config.hyperparameters,
+            search_root=f"{config.pipeline_root.rstrip('/')}/{SEARCH_FOLDER}",
+            serving_root=param["serving_root"],
+            model_name=param["model_name"],
+        ).with_id("Tuner")
         trainer = TunableTrainer(
             run_fn=RUN_FN,
             examples=transform.outputs["transformed_examples"],
@@ -160,6 +185,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             eval_steps=config.eval_steps,
             selection=select_spans.outputs["selection"],
             raw_examples=example_gen.outputs["examples"] if images else None,
+            hyperparameters=tuner.outputs["best_hyperparameters"],
             custom_config=trainer_config(config),
         ).with_id("Trainer")
         baseline = LatestPushedModel(
@@ -211,6 +237,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             schema,
             example_validator,
             transform,
+            tuner,
             trainer,
             baseline,
             evaluator,

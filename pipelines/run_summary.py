@@ -21,8 +21,8 @@ _STATES = {
 }
 STEP_ORDER = [
     "SelectSpans",
-    "ExampleGen", "StatisticsGen", "CuratedSchema", "ExampleValidator", "Transform", "Trainer",
-    "LatestPushedModel", "Evaluator", "Pusher", "RunReport",
+    "ExampleGen", "StatisticsGen", "CuratedSchema", "ExampleValidator", "Transform", "Tuner",
+    "Trainer", "LatestPushedModel", "Evaluator", "Pusher", "RunReport",
 ]  # fmt: skip
 
 
@@ -51,6 +51,11 @@ class RunSummary:
     # What the Trainer reported (components/steps/trainer.py SUMMARY_PROPERTIES).
     training: dict[str, str | int | float] = dataclasses.field(default_factory=dict)
     report_uri: str | None = None  # the RunReport's HTML page
+    # What the model was trained with, where those values came from ("search", "served
+    # version N", "defaults") and the search's facts (components/steps/tuner.py).
+    hyperparameters: dict = dataclasses.field(default_factory=dict)
+    hyperparameter_source: str = ""
+    search: dict = dataclasses.field(default_factory=dict)
 
 
 def _store(config: PipelineConfig) -> metadata_store.MetadataStore:
@@ -128,6 +133,14 @@ def read_summary(
             kind = value.WhichOneof("value")
             if kind in ("int_value", "double_value", "string_value"):
                 summary.training[name] = getattr(value, kind)
+    if "model" in outputs.get("Trainer", {}):
+        props = outputs["Trainer"]["model"].custom_properties
+        if "hyperparameters" in props:
+            summary.hyperparameters = json.loads(props["hyperparameters"].string_value)
+    if "best_hyperparameters" in outputs.get("Tuner", {}):
+        props = outputs["Tuner"]["best_hyperparameters"].custom_properties
+        summary.hyperparameter_source = props["source"].string_value
+        summary.search = json.loads(props["search"].string_value or "{}")
     if "baseline_model" in outputs.get("LatestPushedModel", {}):
         props = outputs["LatestPushedModel"]["baseline_model"].custom_properties
         version = props["baseline_version"].int_value if "baseline_version" in props else -1
@@ -162,6 +175,8 @@ def format_summary(summary: RunSummary) -> str:
     if summary.trained is False:
         lines.append(summary.decision)
         return "\n".join(lines)
+    if summary.hyperparameters:
+        lines.append(_hyperparameters_line(summary))
     if summary.training:
         lines.append(_training_line(summary.training))
     overall = summary.metrics.get("overall", {})
@@ -197,6 +212,19 @@ def format_summary(summary: RunSummary) -> str:
     lines.extend(f"  failed threshold: {failure}" for failure in summary.validation_failures)
     lines.append(f"Pushed: {summary.pushed_path or 'nothing pushed'}")
     return "\n".join(lines)
+
+
+def _hyperparameters_line(summary: RunSummary) -> str:
+    values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in sorted(summary.hyperparameters.items()))  # fmt: skip
+    search, source = summary.search, summary.hyperparameter_source or "defaults"
+    if source == "search":
+        source = (f"search: {search.get('completed')} of {search.get('trials')} trials "
+                  f"completed, best {search.get('objective')} {search.get('best_value', 0):.4f} "
+                  f"in trial {search.get('best_trial')}")  # fmt: skip
+    elif source != "defaults":
+        source += "'s search"
+    return f"Hyperparameters ({source}): {values}"
 
 
 def _training_line(training: dict) -> str:

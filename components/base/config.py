@@ -47,6 +47,7 @@ DEFAULT_DRIFT = 1.0
 TFLITE_QUANTIZATIONS = ("none", "float16", "dynamic")
 RELEASE_MODES = ("immediate", "canary", "shadow")  # components/base/release.py
 RELEASE_ROUTERS = ("serve", "istio")
+TUNER_ALGORITHMS = ("random", "bayesian", "hyperband")  # KerasTuner's oracles
 # PIPELINE_* variables that are not config fields but are read elsewhere.
 OTHER_ENV = {"PIPELINE_WORK_DIR"}
 
@@ -138,6 +139,22 @@ class PipelineConfig:
     # The model's own settings as a JSON object, over the use case's defaults (its
     # `hyperparameters`): `--set 'hyperparameters={"hidden_units": [128, 64]}'`.
     hyperparameters: str = "{}"
+    # Hyperparameter search (components/training/search.py). tune=1: a search runs before the
+    # Trainer over the use case's search space (its `search_space`), tuner_parallel_trials
+    # trials at once (local: processes on loopback; Kubeflow: pods), at most tuner_max_trials
+    # trials and tuner_max_minutes, each training tuner_trial_steps steps (0: train_steps);
+    # the best trial's values train the model. tune=0: the served version's searched values
+    # (its registry record), else the defaults. Names set in `hyperparameters` are never
+    # searched nor taken from the served version.
+    tune: int = 0
+    tuner_parallel_trials: int = 2
+    tuner_max_trials: int = 8
+    tuner_max_minutes: float = 60.0
+    tuner_algorithm: str = "random"  # TUNER_ALGORITHMS
+    # The eval metric the search maximises: "" is the use case's quality metric on the eval
+    # split (val_<quality_metric>); else `val_<a compiled metric>`.
+    tuner_objective: str = ""
+    tuner_trial_steps: int = 0
     # Images: a Keras weights file (.h5) the model starts from instead of random weights, for
     # fine-tuning: on the object store (s3://, gs://) or a local path, since no model hub is
     # reachable from a cluster's pods. The whole model's weights (a previous training's), or its
@@ -313,6 +330,10 @@ RUN_PARAMETERS: dict[str, type] = {
     "train_steps": int,
     "epochs": int,
     "max_train_minutes": float,
+    "tune": int,
+    "tuner_parallel_trials": int,
+    "tuner_max_trials": int,
+    "tuner_max_minutes": float,
     "min_auc": float,
     "min_accuracy": float,
     "max_auc_drop": float,
@@ -339,6 +360,14 @@ RUN_PARAMETER_HELP: dict[str, str] = {
               "Allowed: 1 or more.",
     "max_train_minutes": "Training stops after this long, keeping its best weights. "
                          "Allowed: 0.1 to 10080.",
+    "tune": "1: search hyperparameters (tuner_parallel_trials trials at once) before "
+            "training; 0: train with the served version's searched ones, else the defaults. "
+            "Allowed: 0 or 1.",
+    "tuner_parallel_trials": "With tune=1: trials run at once, each in its own pod (no more "
+                             "than tuner_max_trials). Allowed: 1 to 64.",
+    "tuner_max_trials": "With tune=1: trials the search runs in all. Allowed: 1 to 1000.",
+    "tuner_max_minutes": "With tune=1: the search starts no trial after this long and stops "
+                         "the running ones. Allowed: 0.1 to 10080.",
     "min_auc": "A model whose AUC on the eval split is below this is not pushed. "
                "Allowed: 0 to 1.",
     "min_accuracy": "A model whose accuracy on the eval split is below this is not pushed. "
@@ -648,6 +677,15 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "batch_size": _at_least(1),
     "learning_rate": _positive,
     "hyperparameters": _json_object,
+    "tune": _one_of_numbers(0, 1),
+    "tuner_parallel_trials": _between(1, 64),
+    "tuner_max_trials": _between(1, 1000),
+    "tuner_max_minutes": _between(0.1, 7 * 24 * 60),
+    "tuner_algorithm": _one_of(*TUNER_ALGORITHMS),
+    "tuner_objective": _matches(
+        re.compile(r"(val_[A-Za-z0-9_]+)?"), "val_<a metric the model compiles> or empty"
+    ),
+    "tuner_trial_steps": _at_least(0),
     "initial_weights": lambda name, value: _storage_root(name, value) if value else None,
     "mixed_precision": _one_of("auto", "on", "off"),
     "strategy": _strategy,
@@ -723,6 +761,13 @@ def problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
         elif strategy in ("one_device", "mirrored") and workers > 1:
             found.append(("strategy+num_workers", f"strategy={strategy} trains on one machine, "
                           f"but num_workers={workers}: use multi_worker (or auto)"))  # fmt: skip
+    if {"tuner_parallel_trials", "tuner_max_trials"} <= set(values) - bad and (
+        values["tuner_parallel_trials"] > values["tuner_max_trials"]
+    ):
+        found.append(("tuner_parallel_trials+tuner_max_trials",
+                      f"tuner_parallel_trials ({values['tuner_parallel_trials']}) cannot exceed "
+                      f"tuner_max_trials ({values['tuner_max_trials']}): the extra trials would "
+                      "have nothing to run"))  # fmt: skip
     return found
 
 

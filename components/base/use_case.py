@@ -28,6 +28,9 @@ SHIPPED_PACKAGE = "components.use_cases"
 CSV = "csv"
 IMAGE_FOLDERS = "image_folders"
 INPUT_FORMATS = (CSV, IMAGE_FOLDERS)
+# Hyperparameters of the training rather than of build_model: a search space and the
+# `hyperparameters` setting may name them too; they replace the config's fields of that name.
+TRAINING_HYPERPARAMETERS = {"learning_rate": 0.003, "batch_size": 128}
 
 
 class UseCaseError(ActionableError, ValueError):
@@ -79,30 +82,41 @@ class UseCase:
     prepare_batch: str = ""
     # The compiled Keras metric (higher is better) that early stopping watches on the eval split.
     quality_metric: str = "auc"
+    # Optional import path of search_space(hp): declares the hyperparameters a search tries, with
+    # KerasTuner's types (hp.Float, hp.Int, hp.Choice, hp.Boolean) on a
+    # keras_tuner.HyperParameters; names are build_model's hyperparameters or
+    # TRAINING_HYPERPARAMETERS. A list-valued hyperparameter is searched as an hp.Choice of
+    # JSON texts ("[64, 32]"). components/training/search_space.py checks it.
+    search_space: str = ""
     # Hyperparameters `tkp gpu-check` measures over the defaults (the network GPUs are for, where
     # the default run's is one a CPU trains); the config's `hyperparameters` override them.
     gpu_check_hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def function(self, part: str) -> Callable:
-        """The function behind `preprocessing_fn`, `build_model`, `generate_span` or
-        `prepare_batch`."""
+        """The function behind `preprocessing_fn`, `build_model`, `generate_span`,
+        `prepare_batch` or `search_space`."""
         return _resolve(getattr(self, part), f"use case {self.name!r}: {part}")
 
     def hyperparameter_problems(self, given: Mapping[str, Any]) -> list[str]:
         """Names not declared, and values whose type differs from the default's."""
         found = []
+        known = {**self.hyperparameters, **TRAINING_HYPERPARAMETERS}
         for key, value in given.items():
-            if key not in self.hyperparameters:
-                known = ", ".join(self.hyperparameters) or "none"
+            if key not in known:
                 found.append(f"{key!r} is not a hyperparameter of use case {self.name!r} "
-                             f"(known: {known})")  # fmt: skip
-            elif not _same_kind(value, self.hyperparameters[key]):
-                found.append(f"hyperparameter {key!r} must be like {self.hyperparameters[key]!r}, "
+                             f"(known: {', '.join(known)})")  # fmt: skip
+            elif not _same_kind(value, known[key]):
+                found.append(f"hyperparameter {key!r} must be like {known[key]!r}, "
                              f"got {value!r}")  # fmt: skip
+            elif key == "batch_size" and value < 1 or key == "learning_rate" and value <= 0:
+                found.append(f"hyperparameter {key!r} must be positive, got {value!r}")
         return found
 
     def resolved_hyperparameters(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        return {**self.hyperparameters, **given}
+        """build_model's hyperparameters: the defaults, then `given`'s (its training ones,
+        learning_rate and batch_size, are not build_model's)."""
+        model = {k: v for k, v in given.items() if k not in TRAINING_HYPERPARAMETERS}
+        return {**self.hyperparameters, **model}
 
 
 def _same_kind(value: Any, default: Any) -> bool:

@@ -36,6 +36,7 @@ from components.steps.baseline import (
 )
 from components.steps.evaluation import read_verdict
 from components.steps.span_selection import SpanSelection, read_selection
+from components.steps.trainer import HYPERPARAMETERS_KEY, SEARCH_KEY
 
 _log = logging.getLogger(__name__)
 # The edge model of a version (config export_tflite): TF Serving ignores assets.extra/ apart
@@ -203,6 +204,11 @@ class VersionedPusherExecutor(pusher_executor.Executor):
             "auc_change": verdict["auc_change"],
             QUALITY_KEY: verdict[QUALITY_KEY],
             "code_version": code_version(),
+            # What it was trained with, and the search those values came from (Tuner step).
+            "hyperparameters": json.loads(
+                model.get_string_custom_property(HYPERPARAMETERS_KEY) or "null"
+            ),
+            "search": json.loads(model.get_string_custom_property(SEARCH_KEY) or "null"),
         }
 
 

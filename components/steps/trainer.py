@@ -32,6 +32,8 @@ from tfx.utils import io_utils, proto_utils
 from components.base import storage
 from components.base.config import check_run_parameters
 from components.base.launcher_paths import PIPELINE_FOLDER_ENV
+from components.base.use_case import TRAINING_HYPERPARAMETERS
+from components.base.use_case import load as load_use_case
 from components.steps.example_gen import CLASS_NAMES_KEY
 from components.steps.span_selection import SpanSelection, read_selection
 from components.training import checkpoints, cluster_job, local_workers
@@ -39,13 +41,10 @@ from components.training.checkpoints import CHECKPOINTS_FOLDER
 from components.training.tfjob import TFJobKind
 from components.training.trainjob import TrainJobKind
 
+HYPERPARAMETERS_KEY = "hyperparameters"  # on the model: what it was trained with (JSON)
+SEARCH_KEY = "search"  # on the model: the search its hyperparameters came from (JSON)
 JOB_KINDS = {"trainjob": TrainJobKind, "tfjob": TFJobKind}  # config multi_worker_job
 RUN_PARAMETER_NAMES = ("train_steps", "epochs", "max_train_minutes")
-# Training parameters that do not change the trained weights, so not part of the backup key.
-# (checkpoint_every_steps stays in: a step backup resumed in epoch mode would skip the rest of
-# its epoch.)
-_NOT_IN_KEY = ("checkpoint_root", "checkpoint_max_age_hours", "max_train_minutes",
-               "tensorboard_every_steps", "cluster_job")  # fmt: skip
 SUMMARY_PROPERTIES = (
     "strategy", "steps", "replicas", "workers", "examples_per_second", "stopped", "resumed",
 )  # fmt: skip
@@ -66,6 +65,8 @@ class TunableTrainerExecutor(trainer_executor.GenericExecutor):
             raw = artifact_utils.get_single_instance(input_dict["raw_examples"])
             custom_config["class_names"] = json.loads(raw.get_string_custom_property(
                 CLASS_NAMES_KEY) or "null")  # fmt: skip
+        if input_dict.get("hyperparameters"):  # the Tuner step's: searched or carried over
+            custom_config = _with_hyperparameters(input_dict, custom_config)
         if custom_config.get("checkpoint_root") and input_dict.get("selection"):
             custom_config["checkpoint_dir"] = _backup_dir(input_dict, custom_config, train_args)
         properties["custom_config"] = json.dumps(custom_config)
@@ -78,13 +79,44 @@ class TunableTrainerExecutor(trainer_executor.GenericExecutor):
         else:
             super().Do(input_dict, output_dict, properties)
         _record_summary(output_dict)
+        _record_hyperparameters(output_dict, custom_config)
+
+
+def _with_hyperparameters(input_dict, custom_config: dict) -> dict:
+    """custom_config with the Tuner step's values in force, and where they came from."""
+    from components.steps import tuner
+    from components.training import search_space
+
+    best = artifact_utils.get_single_instance(input_dict["hyperparameters"])
+    values = json.loads(storage.read_bytes(storage.join(best.uri, tuner.BEST_FILE)))["values"]
+    use_case = load_use_case(custom_config["use_case"])
+    config = search_space.apply(custom_config, search_space.decode(use_case, values))
+    search = json.loads(best.get_string_custom_property(tuner.SEARCH_KEY) or "{}")
+    search.pop("records", None)
+    config["search"] = {"source": best.get_string_custom_property(tuner.SOURCE_KEY), **search}
+    return config
+
+
+def _record_hyperparameters(output_dict, custom_config: dict) -> None:
+    """On the model: the hyperparameters it was trained with (build_model's, the learning
+    rate, the batch size) and the search they came from; the Pusher records both."""
+    use_case = load_use_case(custom_config["use_case"])
+    values = {
+        **use_case.resolved_hyperparameters(custom_config.get("hyperparameters") or {}),
+        **{name: custom_config[name] for name in TRAINING_HYPERPARAMETERS},
+    }
+    model = artifact_utils.get_single_instance(output_dict["model"])
+    model.set_string_custom_property(HYPERPARAMETERS_KEY, json.dumps(values, sort_keys=True))
+    search = custom_config.get("search") or {}
+    if search.get("searched"):
+        model.set_string_custom_property(SEARCH_KEY, json.dumps(search, sort_keys=True))
 
 
 def _backup_dir(input_dict, custom_config: dict, train_args: trainer_pb2.TrainArgs) -> str:
     selection = read_selection(artifact_utils.get_single_instance(input_dict["selection"]))
     schema_dir = artifact_utils.get_single_uri(input_dict["schema"])
     schema = storage.read_bytes(io_utils.get_only_uri_in_dir(schema_dir))
-    parameters = {k: v for k, v in custom_config.items() if k not in _NOT_IN_KEY}
+    parameters = {k: v for k, v in custom_config.items() if k not in checkpoints.NOT_IN_BACKUP_KEY}
     parameters["train_steps"] = train_args.num_steps
     # The replicas (strategy auto uses every GPU) set the global batch and learning rate; a
     # cluster job's replicas have the GPUs, not this step's pod.
@@ -140,6 +172,8 @@ class TunableTrainerSpec(types.ComponentSpec):
         **TrainerSpec.INPUTS,
         # The selected spans: their content fingerprint names the training's backup.
         "selection": component_spec.ChannelParameter(type=SpanSelection, optional=True),
+        # TFX's Trainer input `hyperparameters` (the Tuner step's best_hyperparameters) is in
+        # TrainerSpec.INPUTS; this executor applies it (the stock one only hands it to run_fn).
         # ExampleGen's examples, for the classes it found (image folders).
         "raw_examples": component_spec.ChannelParameter(
             type=standard_artifacts.Examples, optional=True
@@ -165,6 +199,7 @@ class TunableTrainer(base_component.BaseComponent):
         custom_config: dict[str, Any],
         selection: types.BaseChannel | None = None,
         raw_examples: types.BaseChannel | None = None,
+        hyperparameters: types.BaseChannel | None = None,
     ):
         super().__init__(
             spec=TunableTrainerSpec(
@@ -173,6 +208,7 @@ class TunableTrainer(base_component.BaseComponent):
                 transform_graph=transform_graph,
                 schema=schema,
                 selection=selection,
+                hyperparameters=hyperparameters,
                 run_fn=run_fn,
                 train_args=trainer_pb2.TrainArgs(),
                 eval_args=trainer_pb2.EvalArgs(num_steps=eval_steps),

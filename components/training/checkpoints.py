@@ -58,6 +58,15 @@ def _use_case_module(parameters: dict) -> str | None:
     return module_of(name) if name else None
 
 
+# Training parameters that do not change the trained weights, so not part of the backup key.
+# (checkpoint_every_steps stays in: a step backup resumed in epoch mode would skip the rest of
+# its epoch.)
+NOT_IN_BACKUP_KEY = (
+    "checkpoint_root", "checkpoint_max_age_hours", "max_train_minutes", "tensorboard_every_steps",
+    "cluster_job", "search",
+)  # fmt: skip
+
+
 def training_key(data_fingerprint: str, schema: bytes, parameters: dict) -> str:
     """The backup key of a training: same data, schema, code and parameters -> same key."""
     identity = {

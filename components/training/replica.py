@@ -46,6 +46,23 @@ def tf_config(environ) -> str:
     return json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})
 
 
+def download_inputs(inputs: dict, folder: Path) -> int:
+    """Copies each input artifact that is on an object store into `folder` (boto3 through
+    components.base.storage, never TensorFlow's `s3://`) and points it there; returns how many
+    files were copied."""
+    from components.base import storage
+
+    files = 0
+    for key, artifacts in inputs.items():
+        for index, artifact in enumerate(artifacts):
+            if "://" not in artifact.uri:
+                continue
+            local = str(folder / key / str(index))
+            files += storage.copy_tree(artifact.uri, local)
+            artifact.uri = local
+    return files
+
+
 def main(job_uri: str) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)  # a line per feature per dataset
@@ -65,12 +82,7 @@ def main(job_uri: str) -> None:
     try:
         started = time.monotonic()
         inputs = artifact_utils.parse_artifact_dict(job["inputs"])
-        files = 0
-        for key, artifacts in inputs.items():
-            for index, artifact in enumerate(artifacts):
-                local = str(work / "inputs" / key / str(index))
-                files += storage.copy_tree(artifact.uri, local)
-                artifact.uri = local
+        files = download_inputs(inputs, work / "inputs")
         _log.info("Replica %s-%s: downloaded %d input files in %.1f s", task["type"],
                   task["index"], files, time.monotonic() - started)  # fmt: skip
         outputs = artifact_utils.parse_artifact_dict(job["outputs"])

@@ -43,12 +43,14 @@ TRAINER = "Trainer"
 # Never served from KFP's cache. KFP 2.5 keys a step on its input artifact IDs and parameters,
 # never on data, and a hit hands on the earlier run's artifacts as they are, even if the object
 # store has deleted them since. SelectSpans and ExampleGen read spans under an unchanged
-# data_root; ExampleValidator and LatestPushedModel read the serving directory (the previous
-# span's statistics, the served model), ExampleValidator and Pusher write it; CuratedSchema has
-# no inputs but the trigger condition's. Every other step is a function of its input artifacts
-# and parameters, and reads this run's own decision artifact (the Cond), so it is never a hit.
+# data_root; ExampleValidator, the Tuner and LatestPushedModel read the serving directory (the
+# previous span's statistics, the served version's record, the served model), ExampleValidator
+# and Pusher write it; CuratedSchema has no inputs but the trigger condition's. Every other step
+# is a function of its input artifacts and parameters, and reads this run's own decision
+# artifact (the Cond), so it is never a hit.
 UNCACHED_STEPS = (
-    "SelectSpans", "ExampleGen", "CuratedSchema", "ExampleValidator", "LatestPushedModel", "Pusher",
+    "SelectSpans", "ExampleGen", "CuratedSchema", "ExampleValidator", "Tuner", "LatestPushedModel",
+    "Pusher",
 )  # fmt: skip
 INPUTS_SPEC_FLAG = "--json_serialized_inputs_spec_args"
 

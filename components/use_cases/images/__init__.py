@@ -29,6 +29,7 @@ USE_CASE = UseCase(
     preprocessing_fn=f"{__name__}.preprocessing.preprocessing_fn",
     build_model=f"{__name__}.model.build_model",
     generate_span=f"{__name__}.data.generate_span",
+    search_space=f"{__name__}.model.search_space",
     hyperparameters={
         "network": "small_cnn",
         "image_size": 32,

@@ -102,3 +102,14 @@ def build_model(
         ],
     )
     return model
+
+
+def search_space(hp) -> None:
+    """What a hyperparameter search tries (keras_tuner.HyperParameters; config tune=1): the
+    learning rate, the batch size, the network's width (its filters, a Choice of JSON lists),
+    its input size and dropout."""
+    hp.Float("learning_rate", 3e-4, 1e-2, sampling="log")
+    hp.Choice("batch_size", [16, 32, 64])
+    hp.Choice("filters", ["[8, 16, 32]", "[16, 32, 64]", "[32, 64, 128]"])
+    hp.Choice("image_size", [32, 48])
+    hp.Float("dropout", 0.0, 0.5, step=0.1)

@@ -25,6 +25,7 @@ USE_CASE = UseCase(
     preprocessing_fn=f"{__name__}.preprocessing.preprocessing_fn",
     build_model=f"{__name__}.model.build_model",
     generate_span=f"{__name__}.data.generate_span",
+    search_space=f"{__name__}.model.search_space",
     hyperparameters={"hidden_units": [64, 32], "embedding_dim": 8},
     config_defaults={
         "pipeline_name": "taxi-tips",

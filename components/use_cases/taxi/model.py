@@ -41,3 +41,13 @@ def build_model(hyperparameters: dict, learning_rate: float) -> tf.keras.Model:
         ],
     )
     return model
+
+
+def search_space(hp) -> None:
+    """What a hyperparameter search tries (keras_tuner.HyperParameters; config tune=1): the
+    learning rate, the batch size, the dense layers (a Choice of JSON lists) and the width of
+    the embeddings."""
+    hp.Float("learning_rate", 3e-4, 3e-2, sampling="log")
+    hp.Choice("batch_size", [64, 128, 256])
+    hp.Choice("hidden_units", ["[32]", "[64, 32]", "[128, 64]", "[128, 64, 32]"])
+    hp.Choice("embedding_dim", [4, 8, 16])

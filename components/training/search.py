@@ -1,0 +1,362 @@
+"""A hyperparameter search whose trials run in parallel, resumable from the object store.
+
+The step's process holds the search: a KerasTuner oracle (random, Bayesian or Hyperband) behind
+KerasTuner's own gRPC servicer, and `tuner_parallel_trials` trial workers
+(components/training/trial.py) that ask it for trials: processes on loopback here
+(`LocalTrialWorkers`), pods on Kubeflow. KerasTuner's chief loop (oracle_chief.start_server)
+is not used: it waits forever for a worker that died, whose trial nothing ever ends. Here the
+step watches every worker; a dead one's trial is ended FAILED with how it died, a new worker
+takes its place, and the search goes on.
+
+Every oracle save (after each trial starts and ends) is copied to `<folder>/state/` on the
+store, so a search killed at any point resumes there: its completed and failed trials stand,
+the ones running are run again, the rest are run. The folder is named by what defines the
+search (data, schema, code, training settings, space, algorithm, objective, steps), so a
+changed search starts afresh; tuner_max_trials, tuner_parallel_trials and tuner_max_minutes
+are not in the name: raising tuner_max_trials extends a search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any, Protocol
+
+from components.base import storage
+from components.base.errors import ActionableError
+from components.base.processes import die_with_parent, stop_process
+from components.training.trial import RECORDS
+
+_log = logging.getLogger(__name__)
+STATE = "state"  # the oracle's files, under the search's folder
+PROJECT = "search"  # KerasTuner's project name: <local dir>/search/oracle.json, trial_*/
+DEADLINE_GRACE_SECONDS = 120  # past tuner_max_minutes, workers still running are stopped
+STOP_GRACE_SECONDS = 10
+
+
+class SearchFailed(ActionableError, RuntimeError):
+    """No trial of the search completed; the message lists each trial's failure."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+    algorithm: str  # config TUNER_ALGORITHMS
+    objective: str  # val_<metric>, maximised
+    max_trials: int
+    parallel_trials: int
+    max_minutes: float
+    steps: int  # each trial's training steps
+    epochs: int
+    eval_steps: int
+    seed: int = 42
+
+    def identity(self) -> dict:
+        """What names the search's folder (not how many trials, how parallel, how long)."""
+        return {"algorithm": self.algorithm, "objective": self.objective, "steps": self.steps,
+                "epochs": self.epochs, "eval_steps": self.eval_steps,
+                "seed": self.seed}  # fmt: skip
+
+
+class TrialWorkers(Protocol):
+    """Where trial workers run. `bind` is the address the oracle listens on; `address` the one
+    workers reach it at."""
+
+    bind: str
+    address: str
+
+    def start(self, tuner_id: str, env: dict[str, str]) -> None: ...
+
+    def exit_codes(self) -> dict[str, int | None]: ...  # None: still running
+
+    def how_it_ended(self, tuner_id: str) -> str: ...  # e.g. "was killed by SIGKILL; log: ..."
+
+    def stop_all(self) -> None: ...
+
+
+@dataclasses.dataclass
+class SearchResult:
+    best_values: dict[str, Any]  # KerasTuner's values of the best trial
+    best_trial: str
+    best_value: float
+    records: list[dict]  # every trial's record (components/training/trial.py), by trial id
+    searched: list[str]  # the names searched (not Fixed)
+    space: dict  # the space's KerasTuner config
+
+
+def oracle_class(algorithm: str):
+    import keras_tuner
+
+    return {
+        "random": keras_tuner.oracles.RandomSearchOracle,
+        "bayesian": keras_tuner.oracles.BayesianOptimizationOracle,
+        "hyperband": keras_tuner.oracles.HyperbandOracle,
+    }[algorithm]
+
+
+def _mirrored_oracle(settings: SearchSettings, space, local_dir: str, store_dir: str):
+    """The oracle, whose every save is also written to `store_dir` (trial files before
+    oracle.json, as the oracle writes them)."""
+    import keras_tuner
+
+    base = oracle_class(settings.algorithm)
+
+    class Mirrored(base):
+        def save(self):
+            super().save()
+            _upload(self._get_oracle_fname())
+
+        def _save_trial(self, trial):
+            super()._save_trial(trial)
+            _upload(os.path.join(self._get_trial_dir(trial.trial_id), "trial.json"))
+
+    def _upload(path: str) -> None:
+        relative = os.path.relpath(path, local_dir)
+        storage.write_bytes(storage.join(store_dir, relative), Path(path).read_bytes())
+
+    objective = keras_tuner.Objective(settings.objective, direction="max")
+    common = {"objective": objective, "hyperparameters": space, "seed": settings.seed,
+              "allow_new_entries": False, "tune_new_entries": False,
+              # Failures are this module's to report (each trial's, at the end); KerasTuner's
+              # limit raises inside end_trial and would leave the trial running forever.
+              "max_consecutive_failed_trials": settings.max_trials + 1}  # fmt: skip
+    if settings.algorithm == "hyperband":
+        oracle = Mirrored(max_epochs=max(2, settings.epochs), hyperband_iterations=1, **common)
+        oracle.max_trials = settings.max_trials  # Hyperband has no budget of trials of its own
+    else:
+        oracle = Mirrored(max_trials=settings.max_trials, **common)
+    oracle.verbose = 0  # its display's bookkeeping breaks on a reloaded search (KeyError)
+    oracle._set_project_dir(local_dir, PROJECT)
+    return oracle
+
+
+def restore(oracle, store_dir: str, local_dir: str, max_trials: int) -> int:
+    """Loads the search's state from the store, if any; returns the trials already ended.
+    Trials that were running are run again; ended ones never are (KerasTuner's own reload
+    re-runs the last trial each worker ended: its oracle.json still names it as ongoing)."""
+    from keras_tuner.src.engine import trial as trial_module
+
+    if not storage.list_files(storage.join(store_dir, PROJECT, "oracle.json")):
+        return 0
+    storage.copy_tree(store_dir, local_dir)
+    oracle.reload()
+    oracle.max_trials = max_trials  # this run's budget, not the saved one
+    running = trial_module.TrialStatus.RUNNING
+    oracle.ongoing_trials = {}
+    oracle._retry_queue = sorted(t for t, trial in oracle.trials.items()
+                                 if trial.status == running)  # fmt: skip
+    return sum(1 for trial in oracle.trials.values() if trial.status != running)
+
+
+def search(
+    settings: SearchSettings,
+    space,
+    folder: str,
+    job: dict,
+    workers: TrialWorkers,
+    poll: float = 0.5,
+) -> SearchResult:
+    """Runs the search in `folder` (on the store) with `workers`; `job` is what each worker
+    reads (components/training/trial.py), written to `<folder>/job.json`."""
+    import grpc
+    from keras_tuner.src import protos
+    from keras_tuner.src.distribute.oracle_chief import OracleServicer
+
+    local_dir = tempfile.mkdtemp(prefix="search-")
+    store_dir = storage.join(folder, STATE)
+    server = None
+    try:
+        oracle = _mirrored_oracle(settings, space, local_dir, store_dir)
+        ended = restore(oracle, store_dir, local_dir, settings.max_trials)
+        left = max(0, settings.max_trials - len(oracle.trials)) + len(oracle._retry_queue)
+        if ended:
+            _log.info(f"Search: resuming {folder} ({ended} trial(s) ended before, "
+                        f"{left} to run)")  # fmt: skip
+        if left:
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+            protos.get_service_grpc().add_OracleServicer_to_server(OracleServicer(oracle), server)
+            port = server.add_insecure_port(f"{workers.bind}:0")
+            server.start()
+            job_uri = storage.join(folder, "job.json")
+            deadline = time.time() + settings.max_minutes * 60
+            job = {**job, "search": {**job["search"], "deadline": deadline}}
+            storage.write_bytes(job_uri, json.dumps(job).encode())
+            env = {"KERASTUNER_ORACLE_IP": workers.address, "KERASTUNER_ORACLE_PORT": str(port),
+                   "TFX_SEARCH_JOB": job_uri}  # fmt: skip
+            _drive(oracle, settings, workers, env, min(settings.parallel_trials, left),
+                   deadline, folder, poll)  # fmt: skip
+        return _result(oracle, folder, space)
+    finally:
+        workers.stop_all()
+        if server is not None:
+            server.stop(grace=None)
+        shutil.rmtree(local_dir, ignore_errors=True)
+
+
+def _drive(oracle, settings: SearchSettings, workers: TrialWorkers, env: dict, parallel: int,
+           deadline: float, folder: str, poll: float) -> None:  # fmt: skip
+    """Starts `parallel` workers and keeps the search going until every worker has exited: a
+    dead worker's trial is ended FAILED and, while trials are left, a new worker takes its
+    place (at most max_trials times: a worker that cannot start must not restart forever)."""
+    started, replacements, handled = 0, settings.max_trials, set()
+
+    def start() -> None:
+        nonlocal started
+        tuner_id = f"trials-{started}"  # never "chief": KerasTuner would make it one
+        started += 1
+        workers.start(tuner_id, {**env, "KERASTUNER_TUNER_ID": tuner_id})
+
+    for _ in range(parallel):
+        start()
+    shown, stopped = "", False
+    while True:
+        for tuner_id, code in workers.exit_codes().items():
+            if code in (None, 0) or tuner_id in handled:
+                continue
+            handled.add(tuner_id)
+            how = workers.how_it_ended(tuner_id)
+            if tuner_id in oracle.ongoing_trials:
+                _end_dead_trial(oracle, tuner_id, how, folder)
+            else:
+                _log.info(f"Search: trial worker {tuner_id} {how.split(';')[0]}")
+            left = len(oracle.trials) < oracle.max_trials or oracle._retry_queue
+            if left and not stopped and replacements > 0:
+                replacements -= 1
+                start()
+        running = [t for t, code in workers.exit_codes().items() if code is None]
+        if not running:
+            return
+        if not stopped and time.time() > deadline:
+            stopped = True  # no new trial; the running ones stop at the deadline themselves
+            oracle.max_trials = len(oracle.trials)
+            oracle._retry_queue = []
+            _log.info(f"Search: tuner_max_minutes ({settings.max_minutes:g}) ran out; no "
+                        "new trial starts")  # fmt: skip
+        if stopped and time.time() > deadline + DEADLINE_GRACE_SECONDS:
+            workers.stop_all()  # their trials end FAILED at the next round
+        line = _progress(oracle, len(running))
+        if line != shown:
+            _log.info(line)
+            shown = line
+        time.sleep(poll)
+
+
+def _end_dead_trial(oracle, tuner_id: str, how: str, folder: str) -> None:
+    """Ends the trial of a worker that died: FAILED, with how it died, in the oracle and in
+    the trial's record."""
+    from keras_tuner.src.engine import trial as trial_module
+
+    trial = oracle.ongoing_trials[tuner_id]
+    trial.status = trial_module.TrialStatus.FAILED
+    trial.message = f"its worker {how}"
+    oracle.end_trial(trial)
+    path = storage.join(folder, RECORDS, f"{trial.trial_id}.json")
+    record = {"trial_id": trial.trial_id, "tuner_id": tuner_id, "status": "FAILED",
+              "values": dict(trial.hyperparameters.values), "error": trial.message}  # fmt: skip
+    storage.write_bytes(path, json.dumps(record, sort_keys=True).encode())
+    _log.info(f"Search: trial {trial.trial_id} failed: its worker {how.split(';')[0]}")
+
+
+def _progress(oracle, running: int) -> str:
+    from keras_tuner.src.engine import trial as trial_module
+
+    status = trial_module.TrialStatus
+    done = [t for t in oracle.trials.values() if t.status in (status.COMPLETED, status.FAILED)]
+    best = oracle.get_best_trials(1)
+    best_text = ""
+    if best and best[0].status == status.COMPLETED:
+        best_text = f", best {oracle.objective.name} {best[0].score:.4f} (trial {best[0].trial_id})"
+    return (f"Search: {len(done)}/{oracle.max_trials} trials ended, {running} worker(s) "
+            f"running{best_text}")  # fmt: skip
+
+
+def _result(oracle, folder: str, space) -> SearchResult:
+    from keras_tuner.src.engine import trial as trial_module
+
+    records = read_records(folder)
+    completed = [t for t in oracle.trials.values()
+                 if t.status == trial_module.TrialStatus.COMPLETED]  # fmt: skip
+    searched = [p.name for p in space.space if type(p).__name__ != "Fixed"]
+    if not completed:
+        failures = (
+            "\n".join(
+                f"- trial {r['trial_id']}: {r.get('error') or r.get('status')}" for r in records
+            )
+            or "- no trial ran"
+        )
+        raise SearchFailed(
+            f"no trial of the search completed, so there are no best hyperparameters and "
+            f"nothing was trained (search folder {folder}):\n{failures}\nFix what the errors "
+            "say (the trials' logs hold the tracebacks), then run again: the search resumes."
+        )
+    best = oracle.get_best_trials(1)[0]
+    values = {k: v for k, v in best.hyperparameters.values.items() if not k.startswith("tuner/")}
+    return SearchResult(best_values=values, best_trial=best.trial_id, best_value=best.score,
+                        records=records, searched=searched,
+                        space=space.get_config())  # fmt: skip
+
+
+def read_records(folder: str) -> list[dict]:
+    """Every trial's record in the search's folder, by trial id."""
+    paths = storage.list_files(storage.join(folder, RECORDS, "*.json"))
+    return sorted((json.loads(storage.read_bytes(p)) for p in paths),
+                  key=lambda r: r["trial_id"])  # fmt: skip
+
+
+class LocalTrialWorkers:
+    """Trial workers as processes on this machine, the oracle on loopback. GPUs: each worker
+    its own share when there are enough, else the GPUs shared (memory grown on demand, so two
+    processes fit on one)."""
+
+    bind = address = "127.0.0.1"
+
+    def __init__(self, log_dir: Path, gpus: int):
+        self.log_dir = log_dir
+        self.gpus = gpus
+        self._processes: dict[str, tuple[subprocess.Popen, Any]] = {}
+
+    def start(self, tuner_id: str, env: dict[str, str]) -> None:
+        index = len(self._processes)
+        devices = {"CUDA_VISIBLE_DEVICES": str(index % self.gpus) if self.gpus else "",
+                   "TF_FORCE_GPU_ALLOW_GROWTH": "true"}  # fmt: skip
+        log = open(self.log_dir / f"{tuner_id}.log", "wb")  # noqa: SIM115 (closed in stop_all)
+        command = [sys.executable, "-m", "components.training.trial", env["TFX_SEARCH_JOB"]]
+        process = subprocess.Popen(
+            command, env={**os.environ, **env, **devices}, stdout=log,
+            stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+        )  # fmt: skip
+        self._processes[tuner_id] = (process, log)
+        _log.debug("Trial worker %s: pid %d, log %s", tuner_id, process.pid, log.name)
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return {t: p.poll() for t, (p, _) in self._processes.items()}
+
+    def how_it_ended(self, tuner_id: str) -> str:
+        from components.training.local_workers import _how, _tail
+
+        process, log = self._processes[tuner_id]
+        return (f"{_how(process.returncode)}; its last log lines:\n"
+                f"{_tail(Path(log.name), 15)}")  # fmt: skip
+
+    def stop_all(self) -> None:
+        for process, log in self._processes.values():
+            stop_process(process, STOP_GRACE_SECONDS)
+            log.close()
+
+
+def objective_problem(metric_names: list[str], objective: str) -> str | None:
+    """Why `objective` cannot be searched for, given the metrics an evaluation reported."""
+    reported = [f"val_{name}" for name in metric_names]
+    if objective in reported:
+        return None
+    return (f"tuner_objective {objective} is not a metric the model reports on the eval split "
+            f"(it reports {', '.join(reported)}): set tuner_objective to one of them, or compile "
+            "that metric in the use case's build_model")  # fmt: skip
