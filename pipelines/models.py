@@ -109,6 +109,7 @@ def show_version(config: PipelineConfig, version: int) -> str:
     state = _state(version, complete, set(storage.numbered_children(folder)), served)
     lines = [f"Version {version} ({state}) of {config.model_name!r} in {folder}"]
     lines.append(json.dumps(records[version], indent=2, sort_keys=True))
+    lines += _training_lines(records[version])
     chain = registry.lineage(folder, version)
     oldest = records.get(chain[-1]) or {}
     start = "(first model)"
@@ -118,6 +119,29 @@ def show_version(config: PipelineConfig, version: int) -> str:
     lineage = " <- ".join(f"v{v}" for v in chain) + f" <- {start}"
     lines.append(f"Lineage (each beat the one after it): {lineage}")
     return "\n".join(lines)
+
+
+def _training_lines(record: dict) -> list[str]:
+    """What the version was trained with, and the search those values came from."""
+    values = record.get("hyperparameters")
+    if not values:
+        return []  # pushed before versions recorded them
+    shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in sorted(values.items()))  # fmt: skip
+    lines = [f"Hyperparameters: {shown}"]
+    search = record.get("search")
+    if not search:
+        lines.append("Search: none (the use case's defaults and the config)")
+        return lines
+    carried = search.get("from_version")
+    lines.append(
+        f"Search: {search['algorithm']}, {search['completed']} of {search['trials']} trials "
+        f"completed, best {search['objective']} {search['best_value']:.4f} in trial "
+        f"{search['best_trial']}; searched {', '.join(search['searched'])}"
+        + (f"; carried over from version {carried} (tune=0)" if carried is not None else "")
+        + f" ({search['folder']})"
+    )
+    return lines
 
 
 def rollback(config: PipelineConfig, to: int | None) -> str:

@@ -226,6 +226,8 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             blessing=evaluator.outputs["blessing"],
             pushed_model=pusher.outputs["pushed_model"],
             class_names=use_case.class_names,
+            best_hyperparameters=tuner.outputs["best_hyperparameters"],
+            tuner_results=tuner.outputs["tuner_results"],
         ).with_id("RunReport")
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline_name,

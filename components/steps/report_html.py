@@ -3,6 +3,7 @@ the same in the Kubeflow UI's sandboxed frame (HTMLViewer.tsx: iframe srcdoc) an
 
 from __future__ import annotations
 
+import math
 from html import escape
 from typing import Any
 
@@ -179,6 +180,63 @@ def _binary(facts: dict[str, Any]) -> str:
     )
 
 
+def _tuning(tuning: dict[str, Any]) -> str:
+    """Where the hyperparameters came from; after a search, its trials sorted by the objective
+    (best first) and the objective over the trials."""
+    if not tuning:
+        return ""
+    search, source = tuning.get("search") or {}, tuning.get("source") or "defaults"
+    if source != "search":
+        said = ("the use case's defaults and the config" if source == "defaults"
+                else f"the search behind {source} (tune=0)")  # fmt: skip
+        values = ", ".join(f"{k}={v}" for k, v in sorted((search.get("values") or {}).items()))
+        return f"<h2>Hyperparameters</h2><p>From {escape(said)}{': ' if values else ''}" + (
+            f"{escape(values)}.</p>"
+        )  # fmt: skip
+    objective, trials = search["objective"], tuning["trials"]
+    names = sorted({name for t in trials for name in t.get("values", {})})
+    ranked = sorted(trials, key=lambda t: -(t.get("metrics") or {}).get(objective, -math.inf))
+    rows = [[t["trial_id"], t["status"], _number((t.get("metrics") or {}).get(objective)),
+             t.get("steps", "-"), t.get("seconds", "-"),
+             *[t.get("values", {}).get(n, "") for n in names], t.get("error", "")[:200]]
+            for t in ranked]  # fmt: skip
+    header = ["trial", "status", objective, "steps", "seconds", *names, "error"]
+    return (f"<h2>Hyperparameter search</h2><p>{escape(search['algorithm'])}: "
+            f"{search['completed']} of {search['trials']} trials completed; best {objective} "
+            f"{search['best_value']:.4f} in trial {escape(str(search['best_trial']))}, whose "
+            f"values trained this model.</p>{_table(header, rows)}"
+            f"{_objective_svg(trials, objective)}")  # fmt: skip
+
+
+def _objective_svg(trials: list[dict], objective: str, width: int = 360, height: int = 160) -> str:
+    """Each completed trial's objective (dots) and the best so far (line), by trial."""
+    points = [(int(t["trial_id"]), t["metrics"][objective]) for t in trials
+              if t.get("status") == "COMPLETED"]  # fmt: skip
+    if not points:
+        return ""
+    points.sort()
+    last = max(max(i for i, _ in points), 1)
+    low, high = min(v for _, v in points), max(v for _, v in points)
+    span = (high - low) or 1.0
+
+    def at(i: int, v: float) -> tuple[float, float]:
+        return i / last * width, height - (v - low) / span * height
+
+    dots = "".join('<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="#1565c0"/>'.format(*at(i, v))
+                   for i, v in points)  # fmt: skip
+    best, line = -math.inf, []
+    for i, v in points:
+        best = max(best, v)
+        line.append("{:.1f},{:.1f}".format(*at(i, best)))
+    return (f'<svg width="{width + 60}" height="{height + 40}" role="img" '
+            f'aria-label="{escape(objective)} over trials"><g transform="translate(45,10)">'
+            f'<rect width="{width}" height="{height}" fill="none" stroke="#999"/>{dots}'
+            f'<polyline points="{" ".join(line)}" fill="none" stroke="#2e7d32"/>'
+            f'<text x="{width / 2 - 20}" y="{height + 25}" font-size="11">trial</text>'
+            f'<text x="-40" y="10" font-size="10">{high:.3f}</text>'
+            f'<text x="-40" y="{height}" font-size="10">{low:.3f}</text></g></svg>')  # fmt: skip
+
+
 def render(facts: dict[str, Any]) -> str:
     multi_class = facts.get("multi_class", False)
     failures = "".join(f"<li>{escape(f)}</li>" for f in facts["failures"])
@@ -205,6 +263,7 @@ def render(facts: dict[str, Any]) -> str:
 {f"<ul>{failures}</ul>" if failures else ""}
 {_metrics(facts["metrics"], MULTI_CLASS_METRICS if multi_class else METRICS)}
 {_multi_class(facts) if multi_class else _binary(facts)}
+{_tuning(facts.get("tuning") or {})}
 <h2>Step times (seconds of each step's work)</h2>
 {_steps(facts["steps"])}
 </body></html>

@@ -107,6 +107,23 @@ def gather(inputs: dict[str, list], class_names: list[str]) -> dict[str, Any]:
         "samples": verdict.get("samples", []),
         "steps": step_times.carried(inputs),
         "class_names": list(verdict.get("class_names") or class_names),
+        "tuning": _tuning(inputs),
+    }
+
+
+def _tuning(inputs: dict[str, list]) -> dict[str, Any]:
+    """Where the hyperparameters came from, and the search's trials when one ran this run."""
+    from components.steps import tuner
+
+    if not inputs.get("best_hyperparameters"):
+        return {}
+    best = artifact_utils.get_single_instance(inputs["best_hyperparameters"])
+    results = artifact_utils.get_single_instance(inputs["tuner_results"])
+    path = storage.join(results.uri, tuner.TRIALS_FILE)
+    return {
+        "source": best.get_string_custom_property(tuner.SOURCE_KEY),
+        "search": json.loads(best.get_string_custom_property(tuner.SEARCH_KEY) or "{}"),
+        "trials": json.loads(storage.read_bytes(path)) if storage.list_files(path) else [],
     }
 
 
@@ -131,6 +148,16 @@ def write_metrics(metrics, facts: dict[str, Any]) -> None:
     for name, value in values.items():
         if _finite(value) is not None:  # absent rather than null (converter.go fails on null)
             metrics.set_float_custom_property(name, float(value))
+    search = facts.get("tuning", {}).get("search") or {}
+    if facts.get("tuning", {}).get("source") == "search":  # the best trial of this run's search
+        metrics.set_float_custom_property(f"tuner_best_{search['objective']}",
+                                          float(search["best_value"]))  # fmt: skip
+        metrics.set_float_custom_property("tuner_trials_completed", float(search["completed"]))
+        for name, value in search["values"].items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                metrics.set_float_custom_property(f"tuner_best_{name}", float(value))
+            else:
+                metrics.set_string_custom_property(f"tuner_best_{name}", json.dumps(value))
     if facts.get("not_compared"):  # no baseline_auc / auc_change: why, as text
         metrics.set_string_custom_property("not_compared", facts["not_compared"])
     if overall.get(AUC_UNDEFINED_KEY):  # no number to show: the reason, as text
@@ -177,6 +204,13 @@ class RunReportSpec(types.ComponentSpec):
         "evaluation": component_spec.ChannelParameter(type=standard_artifacts.ModelEvaluation),
         "blessing": component_spec.ChannelParameter(type=standard_artifacts.ModelBlessing),
         "pushed_model": component_spec.ChannelParameter(type=standard_artifacts.PushedModel),
+        # The Tuner step's: where the hyperparameters came from, the search's trials.
+        "best_hyperparameters": component_spec.ChannelParameter(
+            type=standard_artifacts.HyperParameters, optional=True
+        ),
+        "tuner_results": component_spec.ChannelParameter(
+            type=standard_artifacts.TunerResults, optional=True
+        ),
     }
     OUTPUTS = {
         "metrics": component_spec.ChannelParameter(type=kfp_artifacts.Metrics),
@@ -192,7 +226,7 @@ class RunReport(base_component.BaseComponent):
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(RunReportExecutor)
 
     def __init__(self, selection, statistics, anomalies, evaluation, blessing, pushed_model,
-                 class_names):  # fmt: skip
+                 class_names, best_hyperparameters=None, tuner_results=None):  # fmt: skip
         super().__init__(
             spec=RunReportSpec(
                 class_names=json.dumps(list(class_names)),
@@ -202,6 +236,8 @@ class RunReport(base_component.BaseComponent):
                 evaluation=evaluation,
                 blessing=blessing,
                 pushed_model=pushed_model,
+                best_hyperparameters=best_hyperparameters,
+                tuner_results=tuner_results,
                 metrics=types.Channel(type=kfp_artifacts.Metrics),
                 classification_metrics=types.Channel(type=kfp_artifacts.ClassificationMetrics),
                 report=types.Channel(type=kfp_artifacts.HTML),

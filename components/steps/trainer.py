@@ -110,6 +110,13 @@ def _record_hyperparameters(output_dict, custom_config: dict) -> None:
     search = custom_config.get("search") or {}
     if search.get("searched"):
         model.set_string_custom_property(SEARCH_KEY, json.dumps(search, sort_keys=True))
+    if search.get("source") == "search":  # this run's search, in TensorBoard's HParams
+        from components.training import search as searches
+
+        model_run = artifact_utils.get_single_instance(output_dict["model_run"])
+        searches.write_hparams_logs(searches.read_records(search["folder"]),
+                                    search["objective"],
+                                    storage.join(model_run.uri, "logs", "hparams"))  # fmt: skip
 
 
 def _backup_dir(input_dict, custom_config: dict, train_args: trainer_pb2.TrainArgs) -> str:

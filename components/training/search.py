@@ -360,3 +360,30 @@ def objective_problem(metric_names: list[str], objective: str) -> str | None:
     return (f"tuner_objective {objective} is not a metric the model reports on the eval split "
             f"(it reports {', '.join(reported)}): set tuner_objective to one of them, or compile "
             "that metric in the use case's build_model")  # fmt: skip
+
+
+def write_hparams_logs(records: list[dict], objective: str, folder: str) -> int:
+    """Every trial as a run of TensorBoard's HParams dashboard under `folder` (on the store):
+    its values, and its objective at the steps it trained; returns the trials written. A list
+    value is shown as its JSON text, a failed trial without a metric."""
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import api as hp
+
+    names = sorted({name for r in records for name in r.get("values", {})})
+    local = tempfile.mkdtemp(prefix="hparams-")
+    try:
+        with tf.summary.create_file_writer(local).as_default():
+            hp.hparams_config(hparams=[hp.HParam(n) for n in names],
+                              metrics=[hp.Metric(objective)])  # fmt: skip
+        for record in records:
+            with tf.summary.create_file_writer(f"{local}/trial_{record['trial_id']}").as_default():
+                values = {n: v if isinstance(v, int | float | str | bool) else json.dumps(v)
+                          for n, v in record.get("values", {}).items()}  # fmt: skip
+                hp.hparams(values, trial_id=record["trial_id"])
+                value = (record.get("metrics") or {}).get(objective)
+                if value is not None:
+                    tf.summary.scalar(objective, value, step=int(record.get("steps", 0)))
+        storage.copy_tree(local, folder)
+        return len(records)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)

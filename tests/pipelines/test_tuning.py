@@ -10,11 +10,13 @@ import json
 import os
 import re
 
+import pytest
+
 from components.base import registry, serving_state, storage
 from components.base.use_case import load as load_use_case
 from components.steps.tuner import TRIALS_FILE
 from components.training import search_space
-from pipelines import data
+from pipelines import data, models
 from pipelines.local.local_runner import run_pipeline
 from pipelines.run_summary import latest_step_outputs
 from tests.pipelines.retraining_loop import loop_config
@@ -37,6 +39,24 @@ def trained_shape(model_uri: str, scratch) -> tuple[list[int], set[int]]:
             dense[int(found.group(1) or 0)] = int(variable.shape[1])
     embeddings = {int(v.shape[1]) for v in model.variables if "_emb/embeddings" in v.name}
     return [dense[i] for i in sorted(dense)], embeddings
+
+
+def hparams_runs(logs: str) -> dict[str, float]:
+    """The HParams dashboard's runs under `logs`: each trial folder's objective, for trials
+    whose folder holds the hparams plugin's session data."""
+    import tensorflow as tf
+
+    runs = {}
+    for path in tf.io.gfile.glob(f"{logs}/trial_*/events.out.tfevents.*"):
+        plugins, value = set(), None
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                plugins.add(v.metadata.plugin_data.plugin_name)
+                if v.tag == "val_auc":
+                    value = float(tf.make_ndarray(v.tensor))
+        if "hparams" in plugins:
+            runs[path.split("/")[-2].removeprefix("trial_")] = value
+    return runs
 
 
 def test_a_parallel_search_trains_the_model_and_the_nightly_run_reuses_its_values(
@@ -76,6 +96,24 @@ def test_a_parallel_search_trains_the_model_and_the_nightly_run_reuses_its_value
     assert record["search"]["best_trial"] == best["trial_id"]
     assert set(record["search"]["searched"]) == set(chosen)
 
+    # What a user sees of the search: the report's table (best first) and chart, the run's
+    # metrics, TensorBoard's HParams dashboard (`tkp tensorboard`), `tkp models show`.
+    report = storage.read_bytes(tuned.report_uri).decode()
+    ranked = [t["trial_id"] for t in sorted(trials, key=lambda t: -t["metrics"]["val_auc"])]
+    assert re.findall(r"<tr><td>(\d+)</td><td>COMPLETED</td>", report) == ranked
+    assert 'aria-label="val_auc over trials"' in report
+    metrics = latest_step_outputs(config, "RunReport")["metrics"].custom_properties
+    assert metrics["tuner_best_val_auc"].double_value == pytest.approx(best["metrics"]["val_auc"])
+    assert metrics["tuner_best_hidden_units"].string_value == json.dumps(chosen["hidden_units"])
+    model_run = latest_step_outputs(config, "Trainer")["model_run"].uri
+    assert hparams_runs(f"{model_run}/logs/hparams") == {
+        t["trial_id"]: pytest.approx(t["metrics"]["val_auc"]) for t in trials
+    }
+    shown = models.show_version(config, version)
+    assert f"Hyperparameters: batch_size={chosen['batch_size']}, embedding_dim=" in shown
+    assert (f"Search: random, {TRIALS} of {TRIALS} trials completed, best val_auc "
+            f"{best['metrics']['val_auc']:.4f} in trial {best['trial_id']}") in shown  # fmt: skip
+
     nightly = run_pipeline(dataclasses.replace(config, tune=0, force=1))
     assert nightly.hyperparameter_source == f"served version {version}"
     assert nightly.hyperparameters == tuned.hyperparameters
@@ -88,3 +126,4 @@ def test_a_parallel_search_trains_the_model_and_the_nightly_run_reuses_its_value
         == (best["trial_id"])
     )
     assert os.path.basename(nightly.pushed_path) == str(stable)
+    assert f"; carried over from version {version} (tune=0)" in models.show_version(config, stable)
