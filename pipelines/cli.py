@@ -225,6 +225,14 @@ def cmd_bench_input(args: argparse.Namespace, config: PipelineConfig) -> int:
     return 0
 
 
+def cmd_bench_tuning(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from pipelines.bench import bench_tuning
+
+    results = bench_tuning.run(config, args.trials, args.parallel, args.trial_steps, console.say)
+    console.say(bench_tuning.table(results))
+    return 0
+
+
 def cmd_gpu_check(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines import gpu_check
 
@@ -611,6 +619,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench_input.add_argument("--steps", type=_count, default=400,
                              help="timed steps per pass, after 20 warm-up steps")  # fmt: skip
     bench_input.add_argument("--repeats", type=_count, default=7, help="timed passes of each")
+    tuning = add("bench-tuning", cmd_bench_tuning,
+                 "Wall time of one search at each parallelism, and its best trial against "
+                 "the defaults' model.")  # fmt: skip
+    tuning.add_argument("--trials", type=_count, default=8, help="trials per search")
+    tuning.add_argument("--parallel", type=_counts, default=[1, 2], metavar="N,N",
+                        help="trials at once, one search each (default: 1,2)")  # fmt: skip
+    tuning.add_argument("--trial-steps", type=_count, default=200, help="steps per trial")
     gpu = add("gpu-check", cmd_gpu_check,
               "Examples/s, GPU use: CPU, 1 and all GPUs, float32 and mixed.")  # fmt: skip
     gpu.add_argument("--steps", type=_count, default=300, help="timed steps per setup")

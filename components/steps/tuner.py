@@ -20,9 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from tfx import types
@@ -124,50 +121,9 @@ def _searched(input_dict, properties: dict, pinned: dict) -> tuple[dict, str, di
         "eval_args": proto_utils.proto_to_json(trainer_pb2.EvalArgs(num_steps=settings.eval_steps)),
         "custom_config": json.dumps(custom_config),
     }
-    work = Path(tempfile.mkdtemp(prefix="tuner-"))
-    try:
-        return _search_in(work, input_dict, properties, custom_config, use_case, space, settings,
-                          trainer_properties)  # fmt: skip
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _search_in(work: Path, input_dict, properties, custom_config, use_case, space, settings,
-               trainer_properties) -> tuple[dict, str, dict]:  # fmt: skip
-    from components.training import search, search_space, trial
-    from components.training.local_workers import visible_gpus
-    from components.training.replica import download_inputs
-
-    local_inputs = artifact_utils.parse_artifact_dict(
-        artifact_utils.jsonify_artifact_dict(input_dict)
-    )
-    download_inputs(local_inputs, work / "inputs")
-    fn_args = trial.fn_args_for(local_inputs, trainer_properties, work)
-    problem = search.objective_problem(trial.reported_metrics(fn_args, custom_config),
-                                       settings.objective)  # fmt: skip
-    if problem:
-        raise search_space.SearchSpaceError(problem)
     folder = _search_folder(input_dict, properties, custom_config, settings, space)
-    job = {
-        "inputs": artifact_utils.jsonify_artifact_dict(input_dict),
-        "exec_properties": trainer_properties,
-        "custom_config": custom_config,
-        "search": {
-            "objective": settings.objective,
-            "steps": settings.steps,
-            "epochs": settings.epochs,
-            "eval_steps": settings.eval_steps,
-            "folder": folder,
-        },  # fmt: skip
-    }
-    log_dir = work / "logs"
-    log_dir.mkdir()
-    _log.info("Search: %s, %d trial(s), %d at once, at most %g min, %d steps each, objective "
-              "%s (max); trials' logs in %s", settings.algorithm, settings.max_trials,
-              settings.parallel_trials, settings.max_minutes, settings.steps,
-              settings.objective, log_dir)  # fmt: skip
-    workers = search.LocalTrialWorkers(log_dir, visible_gpus())
-    result = search.search(settings, space, folder, job, workers)
+    result = search.run_search(input_dict, trainer_properties, custom_config, settings, space,
+                               folder)  # fmt: skip
     values = search_space.decode(use_case, result.best_values)
     summary = search_summary(
         values,

@@ -38,6 +38,7 @@ from components.training.trial import RECORDS
 
 _log = logging.getLogger(__name__)
 STATE = "state"  # the oracle's files, under the search's folder
+LOGS = "logs"  # the trial workers' logs (local workers), under the search's folder
 PROJECT = "search"  # KerasTuner's project name: <local dir>/search/oracle.json, trial_*/
 DEADLINE_GRACE_SECONDS = 120  # past tuner_max_minutes, workers still running are stopped
 STOP_GRACE_SECONDS = 10
@@ -90,6 +91,54 @@ class SearchResult:
     records: list[dict]  # every trial's record (components/training/trial.py), by trial id
     searched: list[str]  # the names searched (not Fixed)
     space: dict  # the space's KerasTuner config
+
+
+def run_search(input_dict, trainer_properties: dict, custom_config: dict,
+               settings: SearchSettings, space, folder: str) -> SearchResult:  # fmt: skip
+    """The Tuner step's search on its (Trainer-like) inputs: the objective checked on the
+    defaults' model first (a named error before any trial), then the trials, in `folder`."""
+    from tfx.types import artifact_utils
+
+    from components.training import search_space, trial
+    from components.training.local_workers import visible_gpus
+    from components.training.replica import download_inputs
+
+    work = Path(tempfile.mkdtemp(prefix="tuner-"))
+    try:
+        local_inputs = artifact_utils.parse_artifact_dict(
+            artifact_utils.jsonify_artifact_dict(input_dict)
+        )
+        download_inputs(local_inputs, work / "inputs")
+        fn_args = trial.fn_args_for(local_inputs, trainer_properties, work)
+        problem = objective_problem(trial.reported_metrics(fn_args, custom_config),
+                                    settings.objective)  # fmt: skip
+        if problem:
+            raise search_space.SearchSpaceError(problem)
+        job = {
+            "inputs": artifact_utils.jsonify_artifact_dict(input_dict),
+            "exec_properties": trainer_properties,
+            "custom_config": custom_config,
+            "search": {
+                "objective": settings.objective,
+                "steps": settings.steps,
+                "epochs": settings.epochs,
+                "eval_steps": settings.eval_steps,
+                "folder": folder,
+            },  # fmt: skip
+        }
+        log_dir = work / "logs"
+        log_dir.mkdir()
+        _log.info("Search: %s, %d trial(s), %d at once, at most %g min, %d steps each, "
+                  "objective %s (max); the trial workers' logs go to %s", settings.algorithm,
+                  settings.max_trials, settings.parallel_trials, settings.max_minutes,
+                  settings.steps, settings.objective, storage.join(folder, LOGS))  # fmt: skip
+        workers = LocalTrialWorkers(log_dir, visible_gpus())
+        try:
+            return search(settings, space, folder, job, workers)
+        finally:
+            storage.copy_tree(str(log_dir), storage.join(folder, LOGS))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def oracle_class(algorithm: str):
