@@ -168,7 +168,11 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             train_steps=param["train_steps"],
             epochs=param["epochs"],
             eval_steps=config.eval_steps,
-            custom_config=json.dumps(trainer_config(config), sort_keys=True),
+            # On Kubeflow each trial is a pod with the Trainer's settings (image, GPUs, ...).
+            custom_config=json.dumps(
+                {**trainer_config(config), "cluster_job": cluster_job_settings(config)},
+                sort_keys=True,
+            ),
             pinned=config.hyperparameters,
             search_root=f"{config.pipeline_root.rstrip('/')}/{SEARCH_FOLDER}",
             serving_root=param["serving_root"],

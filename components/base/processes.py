@@ -3,10 +3,13 @@ supervisor (components/base/store_supervisor.py) starts in a few tens of millise
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import signal
 import subprocess
+import threading
+from collections.abc import Callable, Iterator
 
 _PR_SET_PDEATHSIG = 1
 try:  # loaded in the parent: the child, between fork and exec, must only call it
@@ -31,3 +34,28 @@ def stop_process(process: subprocess.Popen, grace_seconds: float) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def cleaned_up_even_on_sigterm(error: Callable[[], Exception],
+                               clean_up: Callable[[], None]) -> Iterator[None]:  # fmt: skip
+    """Runs the block, then `clean_up()` however it ends. In the main thread SIGTERM (a
+    cancelled run: Argo's) raises `error()` in the block, and a second one cannot interrupt the
+    clean-up; elsewhere (signals reach only the main thread) just the clean-up."""
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+
+        def raise_error(signum, frame) -> None:
+            raise error()
+
+        previous = signal.signal(signal.SIGTERM, raise_error)
+    try:
+        yield
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            clean_up()
+        finally:
+            if in_main:
+                signal.signal(signal.SIGTERM, previous)

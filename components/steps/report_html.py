@@ -209,7 +209,7 @@ def _tuning(tuning: dict[str, Any]) -> str:
 
 
 def _objective_svg(trials: list[dict], objective: str, width: int = 360, height: int = 160) -> str:
-    """Each completed trial's objective (dots) and the best so far (line), by trial."""
+    """Each completed trial's objective (squares) and the best so far (line), by trial."""
     points = [(int(t["trial_id"]), t["metrics"][objective]) for t in trials
               if t.get("status") == "COMPLETED"]  # fmt: skip
     if not points:
@@ -222,8 +222,8 @@ def _objective_svg(trials: list[dict], objective: str, width: int = 360, height:
     def at(i: int, v: float) -> tuple[float, float]:
         return i / last * width, height - (v - low) / span * height
 
-    dots = "".join('<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="#1565c0"/>'.format(*at(i, v))
-                   for i, v in points)  # fmt: skip
+    # Each trial a small square centred on its point.
+    dots = "".join(f'<rect x="{at(i, v)[0] - 3:.1f}" y="{at(i, v)[1] - 3:.1f}" width="6" height="6" fill="#1565c0"/>' for i, v in points)  # fmt: skip
     best, line = -math.inf, []
     for i, v in points:
         best = max(best, v)

@@ -56,7 +56,7 @@ class HyperparameterSearchExecutor(base_executor.BaseExecutor):
         check_run_parameters("Tuner", {n: properties[n] for n in RUN_PARAMETER_NAMES})
         pinned = json.loads(properties["pinned"] or "{}")
         if int(properties["tune"]):
-            values, source, summary = _searched(input_dict, properties, pinned)
+            values, source, summary = _searched(input_dict, output_dict, properties, pinned)
         else:
             values, source, summary = _carried_over(properties, pinned)
         best = artifact_utils.get_single_instance(output_dict["best_hyperparameters"])
@@ -94,8 +94,9 @@ def _carried_over(properties: dict, pinned: dict) -> tuple[dict, str, dict]:
     return values, f"served version {stable}", {**search, "from_version": stable}
 
 
-def _searched(input_dict, properties: dict, pinned: dict) -> tuple[dict, str, dict]:
-    from components.training import search, search_space
+def _searched(input_dict, output_dict, properties: dict,
+              pinned: dict) -> tuple[dict, str, dict]:  # fmt: skip
+    from components.training import cluster_job, search, search_space
 
     custom_config = json.loads(properties["custom_config"])
     use_case = load_use_case(custom_config["use_case"])
@@ -122,8 +123,9 @@ def _searched(input_dict, properties: dict, pinned: dict) -> tuple[dict, str, di
         "custom_config": json.dumps(custom_config),
     }
     folder = _search_folder(input_dict, properties, custom_config, settings, space)
+    step = cluster_job.step_id(output_dict, "best_hyperparameters")  # its pods' label
     result = search.run_search(input_dict, trainer_properties, custom_config, settings, space,
-                               folder)  # fmt: skip
+                               folder, step)  # fmt: skip
     values = search_space.decode(use_case, result.best_values)
     summary = search_summary(
         values,

@@ -103,12 +103,12 @@ def run(
     )
     heartbeat = Heartbeat(storage.join(staging, "heartbeat"), HEARTBEAT_SECONDS)
     job = {
-        "inputs": artifact_utils.jsonify_artifact_dict(_remote_inputs(input_dict)),
+        "inputs": artifact_utils.jsonify_artifact_dict(remote_inputs(input_dict)),
         "outputs": artifact_utils.jsonify_artifact_dict(remote_outputs),
         "exec_properties": exec_properties,
         "heartbeat": {"uri": heartbeat.uri, "timeout_seconds": HEARTBEAT_TIMEOUT_SECONDS},
     }
-    step = _step_id(output_dict)
+    step = step_id(output_dict)
     api = kubernetes or Kubernetes(kind)
     job_uri = storage.join(staging, "job.json")
     deadline = deadline_seconds(float(custom_config["max_train_minutes"]),
@@ -157,10 +157,11 @@ class Timeouts:
     api_errors: float = 300  # seconds of consecutive failing API calls (an upgrade) tolerated
 
 
-def _step_id(output_dict) -> str:
+def step_id(output_dict, key: str = "model") -> str:
+    """The same for every attempt of a step: a hash of its output `key`'s remote URI."""
     from components.base.launcher_paths import remote_uri
 
-    local = output_dict["model"][0].uri
+    local = output_dict[key][0].uri
     uri = remote_uri(local) or local
     return hashlib.sha256(uri.encode()).hexdigest()[:16]
 
@@ -201,7 +202,7 @@ def _raise_stopped(signum, frame) -> None:
     raise TrainingJobFailed("the step was stopped (SIGTERM): its training job is deleted")
 
 
-def _remote_inputs(input_dict) -> dict:
+def remote_inputs(input_dict) -> dict:
     """Copies of the input artifacts with their object-store URIs instead of the launcher's local
     paths (pipelines/kubeflow/kfp_entrypoint.py made them local)."""
     from components.base.launcher_paths import remote_uri
@@ -210,9 +211,9 @@ def _remote_inputs(input_dict) -> dict:
         uri = remote_uri(artifact.uri) if "://" not in artifact.uri else artifact.uri
         if uri is None:
             raise TrainingJobFailed(
-                f"input {key!r} is at {artifact.uri}, a local path the job's replicas cannot "
-                "read: multi-worker training on Kubeflow needs the pipeline root on an object "
-                "store (s3://, gs://)"
+                f"input {key!r} is at {artifact.uri}, a local path the job's replicas (or "
+                "trial pods) cannot read: multi-worker training and trial pods on Kubeflow need "
+                "the pipeline root on an object store (s3://, gs://)"
             )
         return uri
 

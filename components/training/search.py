@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from components.base import storage
 from components.base.errors import ActionableError
-from components.base.processes import die_with_parent, stop_process
+from components.base.processes import cleaned_up_even_on_sigterm, die_with_parent, stop_process
 from components.training.trial import RECORDS
 
 _log = logging.getLogger(__name__)
@@ -94,12 +94,15 @@ class SearchResult:
 
 
 def run_search(input_dict, trainer_properties: dict, custom_config: dict,
-               settings: SearchSettings, space, folder: str) -> SearchResult:  # fmt: skip
+               settings: SearchSettings, space, folder: str,
+               step: str = "") -> SearchResult:  # fmt: skip
     """The Tuner step's search on its (Trainer-like) inputs: the objective checked on the
-    defaults' model first (a named error before any trial), then the trials, in `folder`."""
+    defaults' model first (a named error before any trial), then the trials, in `folder`:
+    processes here, pods on Kubeflow (components/training/trial_pods.py; `step` names the
+    step's attempts' pods)."""
     from tfx.types import artifact_utils
 
-    from components.training import search_space, trial
+    from components.training import cluster_job, search_space, trial, trial_pods
     from components.training.local_workers import visible_gpus
     from components.training.replica import download_inputs
 
@@ -128,15 +131,37 @@ def run_search(input_dict, trainer_properties: dict, custom_config: dict,
         }
         log_dir = work / "logs"
         log_dir.mkdir()
+        if trial_pods.search_on_a_cluster(custom_config):
+            pod_settings = custom_config["cluster_job"]
+            workers: TrialWorkers = trial_pods.ClusterTrialWorkers(
+                pod_settings, step, folder, cluster_job.deadline_seconds(
+                    settings.max_minutes, float(pod_settings["start_timeout_minutes"])),
+            )  # fmt: skip
+            job["inputs"] = artifact_utils.jsonify_artifact_dict(
+                cluster_job.remote_inputs(input_dict)
+            )
+            job["heartbeat"] = workers.heartbeat_job()
+            where = (f"kubectl -n {workers.api.namespace} logs -l "
+                     f"{trial_pods.ATTEMPT_LABEL}={workers.attempt}")  # fmt: skip
+        else:
+            workers = LocalTrialWorkers(log_dir, visible_gpus())
+            where = storage.join(folder, LOGS)
         _log.info("Search: %s, %d trial(s), %d at once, at most %g min, %d steps each, "
-                  "objective %s (max); the trial workers' logs go to %s", settings.algorithm,
+                  "objective %s (max); the trial workers' logs: %s", settings.algorithm,
                   settings.max_trials, settings.parallel_trials, settings.max_minutes,
-                  settings.steps, settings.objective, storage.join(folder, LOGS))  # fmt: skip
-        workers = LocalTrialWorkers(log_dir, visible_gpus())
-        try:
+                  settings.steps, settings.objective, where)  # fmt: skip
+
+        def stopped() -> Exception:
+            return SearchFailed("the step was stopped (SIGTERM): its trial workers are stopped; "
+                                "the next run resumes the search")  # fmt: skip
+
+        def clean_up() -> None:
+            workers.stop_all()
+            if isinstance(workers, LocalTrialWorkers):
+                storage.copy_tree(str(log_dir), storage.join(folder, LOGS))
+
+        with cleaned_up_even_on_sigterm(stopped, clean_up):
             return search(settings, space, folder, job, workers)
-        finally:
-            storage.copy_tree(str(log_dir), storage.join(folder, LOGS))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

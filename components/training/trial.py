@@ -177,6 +177,10 @@ def main(job_uri: str) -> None:
     from components.training.replica import download_inputs
 
     job = json.loads(storage.read_bytes(job_uri))
+    if "heartbeat" in job:  # a pod: stop when the step that holds the search is gone
+        from components.training import heartbeat
+
+        heartbeat.watch(job["heartbeat"]["uri"], float(job["heartbeat"]["timeout_seconds"]))
     work = Path(tempfile.mkdtemp(prefix="trial-"))
     try:
         inputs = artifact_utils.parse_artifact_dict(job["inputs"])

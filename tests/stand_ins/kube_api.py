@@ -30,6 +30,11 @@ follows (kubernetes v1.29 unless named), and where it cannot play a rule it refu
   (`_resolve`); each pod has an IP of its own on loopback (`pod_ip`, `status.podIP`, the
   downward API's too), its command's `$(VAR)` expanded as the kubelet does, and a Ready
   condition from its readinessProbe (kube_pods.Pod.ready);
+- pods a client creates (POST, the Tuner step's trial pods): as above for the namespace, the
+  owner references' required fields (422), Pod Security's refusal as a 403 to the caller, an
+  existing name a 409; only `restartPolicy: Never` is played (refused otherwise); GET and
+  DELETE of one pod by name (404 when absent; a deleted pod's process is stopped at once); the
+  pod the test process plays (a KFP step's, `add_step_pod`), Running with an IP of its own;
 - patch: a JSON merge patch of a custom resource, admitted as a create is (schema, CEL, the
   webhook), a strategic merge patch refused with 415 as for any custom resource, a
   `metadata.resourceVersion` in the patch that is not the stored one a 409 Conflict; each
@@ -291,6 +296,53 @@ class KubeApi:
             self.pods[name] = pod
         return pod
 
+    def create_pod(self, body: dict, namespace: str) -> Pod:
+        """A pod a client creates (POST .../pods): the namespace as for any object; the owner
+        references' required fields (apimachinery pkg/api/validation/objectmeta.go
+        validateOwnerReference: 422); Pod Security's refusal answered to the caller as a 403
+        (pod-security-admission's webhook message, pod_security.py); an existing name a 409
+        (`pods "x" already exists`). Only `restartPolicy: Never` is played (the default,
+        Always, restarts a container in place: refused rather than played wrong)."""
+        if not isinstance(body, dict) or body.get("kind") != "Pod":
+            raise ApiError(400, "BadRequest", "the body is not a Pod")
+        meta = body.setdefault("metadata", {})
+        if meta.get("namespace", namespace) != namespace:
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does not "
+                           "match the namespace sent on the request")  # fmt: skip
+        meta["namespace"] = namespace
+        problems = metadata_errors(meta)
+        for index, owner in enumerate(meta.get("ownerReferences", [])):
+            problems += [f"metadata.ownerReferences[{index}].{field}: Invalid value: \"\": "
+                         f"{field} must not be empty"
+                         for field in ("apiVersion", "kind", "name", "uid")
+                         if not owner.get(field)]  # fmt: skip
+        name = meta.get("name", "")
+        if problems:
+            raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: ' + ", ".join(problems))
+        if body.get("spec", {}).get("restartPolicy", "Always") != "Never":
+            raise ApiError(501, "NotImplemented", "the stand-in plays only restartPolicy Never")
+        refused = self.pod_security and pod_security.refusal(name, meta, body["spec"])
+        if refused:
+            raise ApiError(403, "Forbidden", refused)
+        with self.lock:
+            if name in self.pods:
+                raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists')
+            pod = Pod(self, body, {}, self.work / f"{name}.log")
+            self.pods[name] = pod
+            self.created.append(json.loads(json.dumps(body)))
+        return pod
+
+    def add_step_pod(self, name: str, uid: str) -> str:
+        """The pod a test process plays (a KFP step's pod, KFP_POD_NAME and KFP_POD_UID): Running
+        on a node with an IP of its own; returns that IP."""
+        pod = Pod(self, {"metadata": {"name": name, "labels": {}},
+                         "spec": {"containers": [{"name": "main"}]}}, {},
+                  self.work / f"{name}.log")  # fmt: skip
+        pod.external, pod.uid, pod.node = True, uid, self.nodes[0]
+        with self.lock:
+            self.pods[name] = pod
+        return pod.ip
+
     def pod_ip(self) -> str:
         """A pod's IP: an address of its own on loopback (127.0.0.0/8 is all loopback on
         Linux), so that each pod's servers listen on the ports its manifest names, as on a
@@ -313,7 +365,8 @@ class KubeApi:
     def _kubelet(self) -> None:
         while not self._closed.is_set():
             with self.lock:
-                pending = [p for p in self.pods.values() if p.process is None and not p.deleted]
+                pending = [p for p in self.pods.values()
+                           if p.process is None and not p.deleted and not p.external]  # fmt: skip
             for pod in pending:
                 try:
                     self._advance(pod)
@@ -517,7 +570,7 @@ def _handler(api: KubeApi):
     objects_path = re.compile(
         r"^/apis/([^/]+)/([^/]+)/(?:namespaces/([^/]+)/)?([^/]+)(?:/([^/]+))?$"
     )
-    pods_path = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)/log)?$")
+    pods_path = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)(/log)?)?$")
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -546,8 +599,8 @@ def _handler(api: KubeApi):
             try:
                 if match := objects_path.match(url.path):
                     return self._objects(method, *match.groups(), body, query)
-                if (match := pods_path.match(url.path)) and method == "GET":
-                    return self._pods(*match.groups(), query)
+                if match := pods_path.match(url.path):
+                    return self._pods(method, *match.groups(), body, query)
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             except ApiError as error:
                 return self._error(error)
@@ -603,20 +656,37 @@ def _handler(api: KubeApi):
                 return self._reply(200, {"kind": "Status", "status": "Success"})
             raise ApiError(405, "MethodNotAllowed", method)
 
-        def _pods(self, namespace: str, pod: str | None, query: dict):
-            log = pod is not None
-            api.requests.add(("", "pods/log" if log else "pods", "get" if log else "list"))
-            api.authorize("", "pods/log" if log else "pods", "get" if log else "list", namespace)
+        def _pods(self, method: str, namespace: str, pod: str | None, log: str | None,
+                  body, query: dict):  # fmt: skip
+            resource = "pods/log" if log else "pods"
+            verb = {"POST": "create", "DELETE": "delete"}.get(method)
+            verb = verb or ("get" if pod is not None else "list")
+            if (method == "POST") != (pod is None) and method in ("POST", "DELETE"):
+                raise ApiError(405, "MethodNotAllowed", method)
+            api.requests.add(("", resource, verb))
+            api.authorize("", resource, verb, namespace, pod)
             if namespace != api.namespace:
                 raise ApiError(
                     403, "Forbidden", f'pods is forbidden in the namespace "{namespace}"'
                 )
+            if method == "POST":
+                created = api.create_pod(body, namespace)
+                return self._reply(201, created.as_json())
             if pod is None:
                 key, value = _selector(query)
                 with api.lock:
                     items = [p.as_json() for p in api.pods.values()
                              if not p.deleted and p.labels.get(key) == value]  # fmt: skip
                 return self._reply(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+            if not log:
+                found = api.pod(pod)
+                if found is None:
+                    raise ApiError(404, "NotFound", f'pods "{pod}" not found')
+                if method == "DELETE":
+                    api.delete_pod(pod)
+                    with api.lock:
+                        api.deleted.append(pod)
+                return self._reply(200, found.as_json())
             found = api.pod(pod)
             if found is None:
                 raise ApiError(404, "NotFound", f'pods "{pod}" not found')

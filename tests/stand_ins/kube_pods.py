@@ -75,6 +75,8 @@ class Pod:
         self.deleted = False
         self.ip = api.pod_ip()
         self.uid = str(uuid.uuid4())  # the API server's, unique for every pod ever made
+        # A pod the test process itself plays (a KFP step's): Running, never started here.
+        self.external = False
 
     def requests(self) -> dict[str, float]:
         resources = self.container.get("resources", {})
@@ -90,6 +92,8 @@ class Pod:
         return code if code is None or code >= 0 else 128 - code  # a signal, as the kubelet says
 
     def phase(self) -> str:
+        if self.external:
+            return "Running"
         if self.process is None:
             return "Pending"
         code = self.exit_code()

@@ -53,7 +53,7 @@ def test_the_trainer_step_trains_as_a_cluster_job_and_outputs_the_chiefs_model(
     # An earlier attempt of this step was killed outright: its job still trains (Argo keeps the
     # dead pod, so the owner reference does not fire) and its staging folder is there.
     stale = kind.manifest("trainer-earlier", NAMESPACE, step.settings, 2, ["sleep", "600"], None,
-                          600, cluster_job._step_id(step.outputs))  # fmt: skip
+                          600, cluster_job.step_id(step.outputs))  # fmt: skip
     kube_client.create(_api(step), stale)
     stale_staging = f"{step.folder}/{cluster_job.STAGING_FOLDER}/trainer-earlier/job.json"
     storage.write_bytes(stale_staging, b"{}")
@@ -340,7 +340,7 @@ def test_a_duplicate_name_or_another_namespace_is_refused(step):
 def test_a_label_the_api_server_would_refuse_is_refused(step, monkeypatch):
     """Label values are at most 63 characters of [A-Za-z0-9-_.]: the step labels its jobs with
     a hash of its output's URI because the URI itself is no label value."""
-    monkeypatch.setattr(cluster_job, "_step_id", lambda outputs: outputs["model"][0].uri)
+    monkeypatch.setattr(cluster_job, "step_id", lambda outputs: outputs["model"][0].uri)
     with pytest.raises(Exception, match=r"\(400\)[\s\S]*unable to parse requirement: .*"
                        "Invalid value: .*must be no more than 63 characters"):  # fmt: skip
         step.run()
