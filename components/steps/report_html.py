@@ -222,8 +222,12 @@ def _objective_svg(trials: list[dict], objective: str, width: int = 360, height:
     def at(i: int, v: float) -> tuple[float, float]:
         return i / last * width, height - (v - low) / span * height
 
-    # Each trial a small square centred on its point.
-    dots = "".join(f'<rect x="{at(i, v)[0] - 3:.1f}" y="{at(i, v)[1] - 3:.1f}" width="6" height="6" fill="#1565c0"/>' for i, v in points)  # fmt: skip
+    squares = []
+    for i, v in points:  # each trial a small square centred on its point
+        x, y = at(i, v)
+        squares.append(f'<rect x="{x - 3:.1f}" y="{y - 3:.1f}" width="6" height="6" '
+                       'fill="#1565c0"/>')  # fmt: skip
+    dots = "".join(squares)
     best, line = -math.inf, []
     for i, v in points:
         best = max(best, v)
