@@ -172,3 +172,25 @@ def test_more_parallel_trials_than_the_budget_is_a_config_error():
         PipelineConfig.load({"tuner_parallel_trials": "4", "tuner_max_trials": "3"}, environ={})
     assert "tuner_parallel_trials (4) cannot exceed tuner_max_trials (3)" in str(failure.value)
     assert "--set tuner_parallel_trials" in str(failure.value)
+
+
+@pytest.mark.parametrize("algorithm", ["bayesian", "hyperband"])
+def test_bayesian_and_hyperband_searches_run_through_the_same_oracle_protocol(
+    algorithm, root, tmp_path
+):
+    """KerasTuner's other oracles behind the same server: Bayesian optimisation proposes from the
+    trials so far; Hyperband trains its first round's trials for fewer epochs (tuner/epochs)
+    and the survivors for all of them."""
+    (tmp_path / "transform").symlink_to(root / "transform")
+    props = search_step.properties(tmp_path, tuner_algorithm=algorithm, tuner_max_trials=5,
+                                   tuner_trial_steps=30, epochs=3)  # fmt: skip
+    result = search_step.run(tmp_path, props)
+    trials = result["trials"]
+    assert len(trials) == 5 and {t["status"] for t in trials} == {"COMPLETED"}, trials
+    best = max(trials, key=lambda t: t["metrics"]["val_auc"])
+    assert result["search"]["best_trial"] == best["trial_id"]
+    assert not any(name.startswith("tuner/") for name in result["search"]["values"])
+    if algorithm == "hyperband":
+        epochs = [t["values"]["tuner/epochs"] for t in trials]
+        assert [t["steps"] for t in trials] == [10 * e for e in epochs]  # 10 steps an epoch
+        assert min(epochs) < 3 == max(epochs)
