@@ -3,7 +3,8 @@
 Local: run, add-span, store, watch. Served versions: models list, models show, rollback.
 Serving: serve (TF Serving's REST API), serving-sync (the mirror TF Serving reads), bench-serving.
 Bench: bench (make bench: steps against rows, caching, stock TFX, step start-up, Beam).
-Training: bench-input (is training bound by its input pipeline?), gpu-check (on a GPU machine),
+Training: bench-input (is training bound by its input pipeline?), bench-tuning (what parallel
+trials buy, a search's best against the defaults), gpu-check (on a GPU machine),
 tensorboard (a training run's TensorBoard logs, copied to local disk and served).
 Kubeflow: images (build the step images), compile, submit, schedule, pause, resume.
 

@@ -363,8 +363,8 @@ RUN_PARAMETER_HELP: dict[str, str] = {
     "tune": "1: search hyperparameters (tuner_parallel_trials trials at once) before "
             "training; 0: train with the served version's searched ones, else the defaults. "
             "Allowed: 0 or 1.",
-    "tuner_parallel_trials": "With tune=1: trials run at once, each in its own pod (no more "
-                             "than tuner_max_trials). Allowed: 1 to 64.",
+    "tuner_parallel_trials": "With tune=1: trials run at once, on Kubeflow each in a pod of "
+                             "its own (no more than tuner_max_trials). Allowed: 1 to 64.",
     "tuner_max_trials": "With tune=1: trials the search runs in all. Allowed: 1 to 1000.",
     "tuner_max_minutes": "With tune=1: the search starts no trial after this long and stops "
                          "the running ones. Allowed: 0.1 to 10080.",
@@ -682,8 +682,10 @@ RULES: dict[str, Callable[[str, Any], str | None]] = {
     "tuner_max_trials": _between(1, 1000),
     "tuner_max_minutes": _between(0.1, 7 * 24 * 60),
     "tuner_algorithm": _one_of(*TUNER_ALGORITHMS),
+    # Maximised: a loss (lower is better) would pick the worst model.
     "tuner_objective": _matches(
-        re.compile(r"(val_[A-Za-z0-9_]+)?"), "val_<a metric the model compiles> or empty"
+        re.compile(r"(val_(?![A-Za-z0-9_]*loss$)[A-Za-z0-9_]+)?"),
+        "val_<a metric the model compiles, higher is better, not a loss> or empty",
     ),
     "tuner_trial_steps": _at_least(0),
     "initial_weights": lambda name, value: _storage_root(name, value) if value else None,

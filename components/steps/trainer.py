@@ -93,7 +93,8 @@ def _with_hyperparameters(input_dict, custom_config: dict) -> dict:
     config = search_space.apply(custom_config, search_space.decode(use_case, values))
     search = json.loads(best.get_string_custom_property(tuner.SEARCH_KEY) or "{}")
     search.pop("records", None)
-    config["search"] = {"source": best.get_string_custom_property(tuner.SOURCE_KEY), **search}
+    # This run's source last: a carried-over search's own record says "search".
+    config["search"] = {**search, "source": best.get_string_custom_property(tuner.SOURCE_KEY)}
     return config
 
 

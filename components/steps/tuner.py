@@ -71,10 +71,11 @@ class HyperparameterSearchExecutor(base_executor.BaseExecutor):
             sort_keys=True))  # fmt: skip
         results = artifact_utils.get_single_instance(output_dict["tuner_results"])
         records = summary.get("records", [])
-        completed = [
-            {"trial_id": r["trial_id"], "score": r["metrics"][summary["objective"]], **r["values"]}
-            for r in records if r.get("status") == "COMPLETED"
-        ]  # fmt: skip
+        completed = sorted(  # best first, as TFX's Tuner writes them
+            ({"trial_id": r["trial_id"], "score": r["metrics"][summary["objective"]],
+              **r["values"]} for r in records if r.get("status") == "COMPLETED"),
+            key=lambda r: -r["score"],
+        )  # fmt: skip
         for name, value in ((RESULTS_FILE, completed), (TRIALS_FILE, records)):
             storage.write_bytes(storage.join(results.uri, name), json.dumps(value).encode())
         _log.info("Hyperparameters (%s): %s", source if source != "defaults" else

@@ -142,10 +142,12 @@ def run_search(input_dict, trainer_properties: dict, custom_config: dict,
             )
             job["heartbeat"] = workers.heartbeat_job()
             where = (f"kubectl -n {workers.api.namespace} logs -l "
-                     f"{trial_pods.ATTEMPT_LABEL}={workers.attempt}")  # fmt: skip
+                     f"{trial_pods.ATTEMPT_LABEL}={workers.attempt}, and {workers.logs} "
+                     "once the search ends")  # fmt: skip
         else:
-            workers = LocalTrialWorkers(log_dir, visible_gpus())
-            where = storage.join(folder, LOGS)
+            workers = LocalTrialWorkers(log_dir, visible_gpus(), settings.parallel_trials)
+            # A folder per attempt: a resumed search's workers start again at trials-0.
+            where = storage.join(folder, LOGS, time.strftime("%Y%m%d-%H%M%S"))
         _log.info("Search: %s, %d trial(s), %d at once, at most %g min, %d steps each, "
                   "objective %s (max); the trial workers' logs: %s", settings.algorithm,
                   settings.max_trials, settings.parallel_trials, settings.max_minutes,
@@ -158,7 +160,7 @@ def run_search(input_dict, trainer_properties: dict, custom_config: dict,
         def clean_up() -> None:
             workers.stop_all()
             if isinstance(workers, LocalTrialWorkers):
-                storage.copy_tree(str(log_dir), storage.join(folder, LOGS))
+                storage.copy_tree(str(log_dir), where)
 
         with cleaned_up_even_on_sigterm(stopped, clean_up):
             return search(settings, space, folder, job, workers)
@@ -192,19 +194,66 @@ def _mirrored_oracle(settings: SearchSettings, space, local_dir: str, store_dir:
             super()._save_trial(trial)
             _upload(os.path.join(self._get_trial_dir(trial.trial_id), "trial.json"))
 
+        # The step's own reads and changes, under the lock the gRPC thread's calls take
+        # (keras_tuner.synchronized): never a half-made trial or a list swapped mid-call.
+        @keras_tuner.synchronized
+        def progress(self, running: int) -> str:
+            return _progress(self, running)
+
+        @keras_tuner.synchronized
+        def ongoing_trial(self, tuner_id: str):
+            return self.ongoing_trials.get(tuner_id)
+
+        @keras_tuner.synchronized
+        def end_dead(self, tuner_id: str, message: str) -> bool:
+            """Ends `tuner_id`'s trial FAILED if it still runs; False when it had ended."""
+            from keras_tuner.src.engine import trial as trial_module
+
+            trial = self.ongoing_trials.get(tuner_id)
+            if trial is None:
+                return False
+            trial.status, trial.message = trial_module.TrialStatus.FAILED, message
+            self.end_trial(trial)
+            return True
+
+        @keras_tuner.synchronized
+        def stop_new_trials(self) -> None:
+            self.max_trials = len(self.trials)
+            self._retry_queue.clear()
+
+        @keras_tuner.synchronized
+        def trials_left(self) -> bool:
+            return len(self.trials) < self.max_trials or bool(self._retry_queue)
+
     def _upload(path: str) -> None:
         relative = os.path.relpath(path, local_dir)
-        storage.write_bytes(storage.join(store_dir, relative), Path(path).read_bytes())
+        data = Path(path).read_bytes()
+        for attempt in range(3):  # a brief store error must not fail a finished trial
+            try:
+                storage.write_bytes(storage.join(store_dir, relative), data)
+                return
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(1 + attempt)
 
     objective = keras_tuner.Objective(settings.objective, direction="max")
     common = {"objective": objective, "hyperparameters": space, "seed": settings.seed,
               "allow_new_entries": False, "tune_new_entries": False,
               # Failures are this module's to report (each trial's, at the end); KerasTuner's
               # limit raises inside end_trial and would leave the trial running forever.
-              "max_consecutive_failed_trials": settings.max_trials + 1}  # fmt: skip
+              "max_consecutive_failed_trials": None}  # fmt: skip
     if settings.algorithm == "hyperband":
-        oracle = Mirrored(max_epochs=max(2, settings.epochs), hyperband_iterations=1, **common)
-        oracle.max_trials = settings.max_trials  # Hyperband has no budget of trials of its own
+        # Brackets of 1 to `epochs` epochs, as many as the trial budget allows (its own
+        # budget, hyperband_iterations, left unbounded: max_trials caps it).
+        oracle = Mirrored(max_epochs=settings.epochs, hyperband_iterations=None, **common)
+        oracle.max_trials = settings.max_trials
+    elif settings.algorithm == "bayesian":
+        # KerasTuner's default starts with 3 random trials per dimension: more than a small
+        # budget, which would then never fit its Gaussian process. Half the budget at most.
+        dimensions = sum(1 for p in space.space if type(p).__name__ != "Fixed")
+        initial = min(3 * dimensions, max(2, settings.max_trials // 2))
+        oracle = Mirrored(max_trials=settings.max_trials, num_initial_points=initial, **common)
     else:
         oracle = Mirrored(max_trials=settings.max_trials, **common)
     oracle.verbose = 0  # its display's bookkeeping breaks on a reloaded search (KeyError)
@@ -213,9 +262,10 @@ def _mirrored_oracle(settings: SearchSettings, space, local_dir: str, store_dir:
 
 
 def restore(oracle, store_dir: str, local_dir: str, max_trials: int) -> int:
-    """Loads the search's state from the store, if any; returns the trials already ended.
-    Trials that were running are run again; ended ones never are (KerasTuner's own reload
-    re-runs the last trial each worker ended: its oracle.json still names it as ongoing)."""
+    """Loads the search's state from the store, if any; returns the trials that completed.
+    Trials that were running, and those that failed (a dead worker, the time budget, a cause
+    fixed since), are run again; completed ones never are (KerasTuner's own reload re-runs the
+    last trial each worker ended: its oracle.json still names it as ongoing)."""
     from keras_tuner.src.engine import trial as trial_module
 
     if not storage.list_files(storage.join(store_dir, PROJECT, "oracle.json")):
@@ -223,11 +273,12 @@ def restore(oracle, store_dir: str, local_dir: str, max_trials: int) -> int:
     storage.copy_tree(store_dir, local_dir)
     oracle.reload()
     oracle.max_trials = max_trials  # this run's budget, not the saved one
-    running = trial_module.TrialStatus.RUNNING
+    completed = trial_module.TrialStatus.COMPLETED
     oracle.ongoing_trials = {}
-    oracle._retry_queue = sorted(t for t, trial in oracle.trials.items()
-                                 if trial.status == running)  # fmt: skip
-    return sum(1 for trial in oracle.trials.values() if trial.status != running)
+    # The queue is popped from its end: the lowest id first.
+    oracle._retry_queue = sorted((t for t, trial in oracle.trials.items()
+                                  if trial.status != completed), key=int, reverse=True)  # fmt: skip
+    return sum(1 for trial in oracle.trials.values() if trial.status == completed)
 
 
 def search(
@@ -251,9 +302,10 @@ def search(
         oracle = _mirrored_oracle(settings, space, local_dir, store_dir)
         ended = restore(oracle, store_dir, local_dir, settings.max_trials)
         left = max(0, settings.max_trials - len(oracle.trials)) + len(oracle._retry_queue)
-        if ended:
-            _log.info(f"Search: resuming {folder} ({ended} trial(s) ended before, "
-                        f"{left} to run)")  # fmt: skip
+        if ended or oracle._retry_queue:
+            _log.info(f"Search: resuming {folder} ({ended} trial(s) completed before, "
+                      f"{left} to run)")  # fmt: skip
+        outside: list[str] = []
         if left:
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
             protos.get_service_grpc().add_OracleServicer_to_server(OracleServicer(oracle), server)
@@ -265,9 +317,9 @@ def search(
             storage.write_bytes(job_uri, json.dumps(job).encode())
             env = {"KERASTUNER_ORACLE_IP": workers.address, "KERASTUNER_ORACLE_PORT": str(port),
                    "TFX_SEARCH_JOB": job_uri}  # fmt: skip
-            _drive(oracle, settings, workers, env, min(settings.parallel_trials, left),
-                   deadline, folder, poll)  # fmt: skip
-        return _result(oracle, folder, space)
+            parallel = min(settings.parallel_trials, left)
+            outside = _drive(oracle, settings, workers, env, parallel, deadline, folder, poll)
+        return _result(oracle, folder, space, outside)
     finally:
         workers.stop_all()
         if server is not None:
@@ -276,11 +328,12 @@ def search(
 
 
 def _drive(oracle, settings: SearchSettings, workers: TrialWorkers, env: dict, parallel: int,
-           deadline: float, folder: str, poll: float) -> None:  # fmt: skip
+           deadline: float, folder: str, poll: float) -> list[str]:  # fmt: skip
     """Starts `parallel` workers and keeps the search going until every worker has exited: a
     dead worker's trial is ended FAILED and, while trials are left, a new worker takes its
-    place (at most max_trials times: a worker that cannot start must not restart forever)."""
-    started, replacements, handled = 0, settings.max_trials, set()
+    place (at most max_trials times: a worker that cannot start must not restart forever).
+    Returns how each worker that died outside a trial ended (for the error if none ran)."""
+    started, replacements, handled, outside = 0, settings.max_trials, set(), []
 
     def start() -> None:
         nonlocal started
@@ -297,62 +350,63 @@ def _drive(oracle, settings: SearchSettings, workers: TrialWorkers, env: dict, p
                 continue
             handled.add(tuner_id)
             how = workers.how_it_ended(tuner_id)
-            if tuner_id in oracle.ongoing_trials:
-                _end_dead_trial(oracle, tuner_id, how, folder)
-            else:
+            if not _end_dead_trial(oracle, tuner_id, how, folder):
                 _log.info(f"Search: trial worker {tuner_id} {how.split(';')[0]}")
-            left = len(oracle.trials) < oracle.max_trials or oracle._retry_queue
-            if left and not stopped and replacements > 0:
+                outside.append(f"worker {tuner_id} {how}")
+            if oracle.trials_left() and not stopped and replacements > 0:
                 replacements -= 1
                 start()
         running = [t for t, code in workers.exit_codes().items() if code is None]
         if not running:
-            return
+            return outside
         if not stopped and time.time() > deadline:
             stopped = True  # no new trial; the running ones stop at the deadline themselves
-            oracle.max_trials = len(oracle.trials)
-            oracle._retry_queue = []
+            oracle.stop_new_trials()
             _log.info(f"Search: tuner_max_minutes ({settings.max_minutes:g}) ran out; no "
-                        "new trial starts")  # fmt: skip
+                      "new trial starts")  # fmt: skip
         if stopped and time.time() > deadline + DEADLINE_GRACE_SECONDS:
             workers.stop_all()  # their trials end FAILED at the next round
-        line = _progress(oracle, len(running))
+        line = oracle.progress(len(running))
         if line != shown:
             _log.info(line)
             shown = line
         time.sleep(poll)
 
 
-def _end_dead_trial(oracle, tuner_id: str, how: str, folder: str) -> None:
-    """Ends the trial of a worker that died: FAILED, with how it died, in the oracle and in
-    the trial's record."""
-    from keras_tuner.src.engine import trial as trial_module
-
-    trial = oracle.ongoing_trials[tuner_id]
-    trial.status = trial_module.TrialStatus.FAILED
-    trial.message = f"its worker {how}"
-    oracle.end_trial(trial)
-    path = storage.join(folder, RECORDS, f"{trial.trial_id}.json")
+def _end_dead_trial(oracle, tuner_id: str, how: str, folder: str) -> bool:
+    """Ends the trial of a worker that died, if it was in one: FAILED, with how it died, in
+    the trial's record (first: a kill in between leaves no FAILED trial without one) and in
+    the oracle. False when the worker was between trials."""
+    trial = oracle.ongoing_trial(tuner_id)
+    if trial is None:
+        return False
+    message = f"its worker {how}"
     record = {"trial_id": trial.trial_id, "tuner_id": tuner_id, "status": "FAILED",
-              "values": dict(trial.hyperparameters.values), "error": trial.message}  # fmt: skip
-    storage.write_bytes(path, json.dumps(record, sort_keys=True).encode())
-    _log.info(f"Search: trial {trial.trial_id} failed: its worker {how.split(';')[0]}")
+              "values": dict(trial.hyperparameters.values), "error": message}  # fmt: skip
+    storage.write_bytes(storage.join(folder, RECORDS, f"{trial.trial_id}.json"),
+                        json.dumps(record, sort_keys=True).encode())  # fmt: skip
+    if oracle.end_dead(tuner_id, message):
+        _log.info(f"Search: trial {trial.trial_id} failed: its worker {how.split(';')[0]}")
+    return True
 
 
 def _progress(oracle, running: int) -> str:
+    """One line on the search so far (under the oracle's lock: Mirrored.progress)."""
     from keras_tuner.src.engine import trial as trial_module
 
     status = trial_module.TrialStatus
     done = [t for t in oracle.trials.values() if t.status in (status.COMPLETED, status.FAILED)]
-    best = oracle.get_best_trials(1)
+    scored = [t for t in oracle.trials.values()
+              if t.status == status.COMPLETED and t.score is not None]  # fmt: skip
     best_text = ""
-    if best and best[0].status == status.COMPLETED:
-        best_text = f", best {oracle.objective.name} {best[0].score:.4f} (trial {best[0].trial_id})"
+    if scored:
+        best = max(scored, key=lambda t: t.score)
+        best_text = f", best {oracle.objective.name} {best.score:.4f} (trial {best.trial_id})"
     return (f"Search: {len(done)}/{oracle.max_trials} trials ended, {running} worker(s) "
             f"running{best_text}")  # fmt: skip
 
 
-def _result(oracle, folder: str, space) -> SearchResult:
+def _result(oracle, folder: str, space, outside: list[str]) -> SearchResult:
     from keras_tuner.src.engine import trial as trial_module
 
     records = read_records(folder)
@@ -362,14 +416,17 @@ def _result(oracle, folder: str, space) -> SearchResult:
     if not completed:
         failures = (
             "\n".join(
-                f"- trial {r['trial_id']}: {r.get('error') or r.get('status')}" for r in records
+                [f"- trial {r['trial_id']}: {r.get('error') or r.get('status')}" for r in records]
+                + [f"- {how}" for how in outside[-3:]]  # workers that died before a trial
             )
             or "- no trial ran"
         )
         raise SearchFailed(
             f"no trial of the search completed, so there are no best hyperparameters and "
             f"nothing was trained (search folder {folder}):\n{failures}\nFix what the errors "
-            "say (the trials' logs hold the tracebacks), then run again: the search resumes."
+            f"say (each trial's record in {storage.join(folder, RECORDS)} ends with its "
+            f"traceback; the workers' logs are in {storage.join(folder, LOGS)}), then run "
+            "again: the search resumes, and runs its failed trials again."
         )
     best = oracle.get_best_trials(1)[0]
     values = {k: v for k, v in best.hyperparameters.values.items() if not k.startswith("tuner/")}
@@ -382,25 +439,30 @@ def read_records(folder: str) -> list[dict]:
     """Every trial's record in the search's folder, by trial id."""
     paths = storage.list_files(storage.join(folder, RECORDS, "*.json"))
     return sorted((json.loads(storage.read_bytes(p)) for p in paths),
-                  key=lambda r: r["trial_id"])  # fmt: skip
+                  key=lambda r: int(r["trial_id"]))  # fmt: skip
 
 
 class LocalTrialWorkers:
-    """Trial workers as processes on this machine, the oracle on loopback. GPUs: each worker
-    its own share when there are enough, else the GPUs shared (memory grown on demand, so two
-    processes fit on one)."""
+    """Trial workers as processes on this machine, the oracle on loopback. GPUs: the `parallel`
+    workers split them when there are enough (local_workers.gpu_split), else share them (memory
+    grown on demand, so two processes fit on one); a replacement takes its place's GPUs."""
 
     bind = address = "127.0.0.1"
 
-    def __init__(self, log_dir: Path, gpus: int):
+    def __init__(self, log_dir: Path, gpus: int, parallel: int):
+        from components.training.local_workers import gpu_split
+
         self.log_dir = log_dir
-        self.gpus = gpus
+        self.slots = (gpu_split(gpus, parallel) if gpus >= parallel
+                      else [str(i % gpus) if gpus else "" for i in range(parallel)])  # fmt: skip
         self._processes: dict[str, tuple[subprocess.Popen, Any]] = {}
+        self._slot_of: dict[str, int] = {}
 
     def start(self, tuner_id: str, env: dict[str, str]) -> None:
-        index = len(self._processes)
-        devices = {"CUDA_VISIBLE_DEVICES": str(index % self.gpus) if self.gpus else "",
-                   "TF_FORCE_GPU_ALLOW_GROWTH": "true"}  # fmt: skip
+        busy = {self._slot_of[t] for t, (p, _) in self._processes.items() if p.poll() is None}
+        slot = next((i for i in range(len(self.slots)) if i not in busy), 0)
+        self._slot_of[tuner_id] = slot
+        devices = {"CUDA_VISIBLE_DEVICES": self.slots[slot], "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
         log = open(self.log_dir / f"{tuner_id}.log", "wb")  # noqa: SIM115 (closed in stop_all)
         command = [sys.executable, "-m", "components.training.trial", env["TFX_SEARCH_JOB"]]
         process = subprocess.Popen(

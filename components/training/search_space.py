@@ -52,6 +52,12 @@ def declared(use_case: UseCase, pinned: Mapping[str, Any]):
             problems.append(f"{name!r} is not a hyperparameter of the use case (known: "
                             f"{', '.join(known)})")  # fmt: skip
             continue
+        default = known[name]
+        whole = isinstance(default, int) and not isinstance(default, bool)
+        if type(parameter).__name__ == "Float" and whole:
+            problems.append(f"{name!r} is a whole number (default {default!r}): search it with "
+                            "hp.Int or an hp.Choice of whole numbers, not hp.Float")  # fmt: skip
+            continue
         for value in _possible_values(parameter):
             problems += [f"{name!r}: {p}" for p in _value_problems(use_case, name, value)]
     searched = [p.name for p in space.space if type(p).__name__ != "Fixed"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -119,6 +120,8 @@ def train_trial(fn_args, custom_config: dict, values: dict, search: dict) -> dic
         raise ValueError(f"the model reports no {objective} (it reports {reported})")
     metrics = {name: float(max(series) if name == objective else series[-1])
                for name, series in history.history.items()}  # fmt: skip
+    if not math.isfinite(metrics[objective]):  # diverged: KerasTuner would not score it
+        raise ValueError(f"{objective} is {metrics[objective]}: the training diverged")
     return {"metrics": metrics, "steps": trained}
 
 
@@ -159,7 +162,10 @@ def run_trials(job: dict, fn_args) -> int:
         except Exception as e:  # the trial failed, not the search: the next one may pass
             _log.error("Trial %s failed:\n%s", trial.trial_id, traceback.format_exc())
             trial.status = status.FAILED
-            record.update(status="FAILED", error=f"{type(e).__name__}: {e}"[:2000])
+            # The message, and the traceback's last lines (a pod's log goes with the pod).
+            tail = "".join(traceback.format_exc().splitlines(keepends=True)[-12:])
+            record.update(status="FAILED", error=f"{type(e).__name__}: {e}"[:1000],
+                          traceback=tail[-3000:])  # fmt: skip
         record["seconds"] = round(time.monotonic() - started, 1)
         # Before end_trial: once it is ended the search may finish and read every record.
         storage.write_bytes(storage.join(job["search"]["folder"], RECORDS,

@@ -167,6 +167,7 @@ class ClusterTrialWorkers:
         self.attempt = "tuner-" + cluster_job.job_name(os.environ.get("KFP_POD_UID", ""))[8:]
         self.heartbeat = Heartbeat(storage.join(folder, "attempts", self.attempt, "heartbeat"),
                                    cluster_job.HEARTBEAT_SECONDS)  # fmt: skip
+        self.logs = storage.join(folder, "logs", self.attempt)  # each pod's, once it is deleted
         self.refresh_seconds = refresh_seconds
         self.start_timeout = float(settings["start_timeout_minutes"]) * 60
         self._pods: dict[str, str] = {}  # tuner id -> pod name
@@ -265,9 +266,8 @@ class ClusterTrialWorkers:
         waiting = {n: replica_pods.why_waiting(p) for n, p in self._seen.items()
                    if p is not None and replica_pods.is_waiting(p)}  # fmt: skip
         self._waiting_since = {n: self._waiting_since.get(n, now) for n in waiting}
-        running = [
-            p for p in self._seen.values() if p is not None and not replica_pods.is_waiting(p)
-        ]
+        running = [p for p in self._seen.values()  # not the ended ones: still listed
+                   if p is not None and p.status and p.status.phase == "Running"]  # fmt: skip
         longest = max((now - t for t in self._waiting_since.values()), default=0.0)
         # One pod queued while others run (fewer GPUs than parallel trials) is fine.
         if longest > self.start_timeout and not running:
@@ -290,11 +290,20 @@ class ClusterTrialWorkers:
             log = f"(no log: {error})"
         return f"(pod {name}) {how}; its last log lines:\n{log.rstrip()}"
 
+    def _keep_log(self, name: str) -> None:
+        """The pod's log, kept beside the search's records before the pod goes with it."""
+        try:
+            log = self.api.log(name, 2000)
+            storage.write_bytes(storage.join(self.logs, f"{name}.log"), log.encode())
+        except Exception as error:  # never started, or gone: nothing to keep
+            _log.debug("No log kept of trial pod %s: %s", name, error)
+
     def stop_all(self) -> None:
         for name in self._pods.values():
             if name in self._stopped:
                 continue
             self._stopped.add(name)
+            self._keep_log(name)
             try:
                 self.api.delete(name)
             except Exception as error:  # logged, not raised: the step's own error matters more

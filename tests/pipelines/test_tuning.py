@@ -127,3 +127,7 @@ def test_a_parallel_search_trains_the_model_and_the_nightly_run_reuses_its_value
     )
     assert os.path.basename(nightly.pushed_path) == str(stable)
     assert f"; carried over from version {version} (tune=0)" in models.show_version(config, stable)
+    record = registry.read_record(config.serving_model_dir, stable)
+    assert record["search"]["source"] == f"served version {version}"
+    nightly_run = latest_step_outputs(config, "Trainer")["model_run"].uri
+    assert nightly_run != model_run and not os.path.exists(f"{nightly_run}/logs/hparams")

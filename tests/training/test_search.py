@@ -106,6 +106,14 @@ def test_a_search_whose_trials_all_fail_names_each_failure(root, tmp_path):
     assert "- trial 0: ValueError: no embedding of width" in message
     assert "- trial 1: ValueError: no embedding of width" in message
     assert not (tmp_path / "outputs" / "best" / "best_hyperparameters.txt").exists()
+    (folder,) = search_step.records_folder(tmp_path)
+    record = json.loads((folder / "0.json").read_text())
+    assert "in build_model" in record["traceback"]  # where it failed, for the user
+    # Run again (the cause fixed, say): the failed trials run again rather than stand.
+    first = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.json")}
+    with pytest.raises(search.SearchFailed):
+        search_step.run(tmp_path, props)
+    assert all(p.stat().st_mtime_ns > first[p.name] for p in folder.glob("*.json"))
 
 
 def test_an_objective_the_model_does_not_report_is_named_before_any_trial(root, tmp_path):
@@ -138,11 +146,17 @@ def wrong_kind(hp) -> None:
     hp.Choice("embedding_dim", ["wide", "narrow"])
 
 
+def float_for_a_whole_number(hp) -> None:
+    hp.Float("embedding_dim", 4, 16)
+
+
 @pytest.mark.parametrize("space, expected", [
     ("min_above_max", "min_value 0.1 is greater than the max_value 0.01"),
     ("unknown_name", "'layers' is not a hyperparameter of the use case"),
     ("list_not_json", "'hidden_units' is a list: search it as a Choice of JSON texts"),
     ("wrong_kind", "hyperparameter 'embedding_dim' must be like 8, got 'wide'"),
+    ("float_for_a_whole_number", "'embedding_dim' is a whole number (default 8): search it "
+     "with hp.Int"),
 ])  # fmt: skip
 def test_a_contradictory_search_space_is_named(space, expected):
     with pytest.raises(search_space.SearchSpaceError) as failure:
@@ -167,6 +181,13 @@ def test_an_empty_search_space_is_named():
     assert type(space._hps["hidden_units"][0]).__name__ == "Fixed"
 
 
+def test_a_loss_as_the_objective_is_a_config_error():
+    with pytest.raises(ConfigError) as failure:
+        PipelineConfig.load({"tuner_objective": "val_loss"}, environ={})
+    assert "not a loss" in str(failure.value)
+    assert PipelineConfig.load({"tuner_objective": "val_auc"}, environ={}).tuner_objective
+
+
 def test_more_parallel_trials_than_the_budget_is_a_config_error():
     with pytest.raises(ConfigError) as failure:
         PipelineConfig.load({"tuner_parallel_trials": "4", "tuner_max_trials": "3"}, environ={})
@@ -178,9 +199,9 @@ def test_more_parallel_trials_than_the_budget_is_a_config_error():
 def test_bayesian_and_hyperband_searches_run_through_the_same_oracle_protocol(
     algorithm, root, tmp_path
 ):
-    """KerasTuner's other oracles behind the same server: Bayesian optimisation proposes from the
-    trials so far; Hyperband trains its first round's trials for fewer epochs (tuner/epochs)
-    and the survivors for all of them."""
+    """KerasTuner's other oracles behind the same server: Bayesian optimisation (random for
+    half the budget, then from a Gaussian process over the trials so far); Hyperband, whose
+    brackets train their trials for 1 to `epochs` epochs (tuner/epochs)."""
     (tmp_path / "transform").symlink_to(root / "transform")
     props = search_step.properties(tmp_path, tuner_algorithm=algorithm, tuner_max_trials=5,
                                    tuner_trial_steps=30, epochs=3)  # fmt: skip

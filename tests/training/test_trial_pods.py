@@ -113,9 +113,12 @@ def test_a_trial_pod_killed_mid_trial_is_recorded_failed_and_the_search_complete
         from components.steps.tuner import HyperparameterSearchExecutor
 
         HyperparameterSearchExecutor().Do(staged, outputs, props)
+        killer.join()
+        # Before the stand-in closes (which stops every pod's process): the step left none.
+        assert not [p for p in stand_in.pods.values() if not p.external]
+        assert not _trial_processes()
     finally:
         stand_in.close()
-    killer.join()
 
     assert killed
     trials = json.loads(Path(outputs["tuner_results"][0].uri, "trials.json").read_text())
@@ -144,8 +147,11 @@ def test_a_trial_pod_killed_mid_trial_is_recorded_failed_and_the_search_complete
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["KERASTUNER_ORACLE_IP"] == step_ip
         assert container["image"] == config.gpu_image
-    assert not [p for p in stand_in.pods.values() if not p.external]  # every trial pod deleted
-    assert not _trial_processes()
+    # Each pod's log kept beside the records once its pod was deleted; the killed one's too.
+    kept = storage.list_files(f"{folder}/_tuner/*/logs/*/*.log")
+    assert sorted(p.rsplit("/", 1)[1] for p in kept) == sorted(
+        f"{b['metadata']['name']}.log" for b in created
+    )
     assert stand_in.requests <= allowed_requests(), stand_in.requests - allowed_requests()
 
 
