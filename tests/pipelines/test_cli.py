@@ -34,9 +34,10 @@ BUCKET = "tfx-pipeline"  # the default config's bucket, created by the CLI's sto
 # Every line `run` may print: progress, the executors' notes, the summary, the predictions.
 RUN_CONSOLE = re.compile(
     r"|Starting embedded object store .*|  listening at .*|Running pipeline .*"
-    r"|\[\d+/11\] \w+ (\.\.\.|finished in .*|skipped after .*)|      \S.*"
+    r"|\[\d+/12\] \w+ (\.\.\.|finished in .*|skipped after .*)|      \S.*"
     r"|Pipeline run summary|-+|  \w+ +(ran|cached) +[\d.]+ s|Data span: \d+|Evaluation \(.*"
     r"|  payment_type=.*|Compared with the served model: .*|Blessed: (yes|NO)"
+    r"|Hyperparameters \((defaults|search: .*|served version \d+'s search)\): .*"
     r"|Training: \d+ steps on \d+ replica\(s\), \d+ worker\(s\), [\d,]+ examples/s.*"
     r"|  failed threshold: .*|Pushed: .*|Report: .*|Predictions of .*"
     r"|  payment_type +fare +trip_miles +P\(big tip\) +actual"
@@ -97,8 +98,8 @@ def test_a_user_session_store_run_add_span_compile(tmp_path, monkeypatch, cli_in
         assert run.stderr == ""
         unexpected = [line for line in run.stdout.splitlines() if not RUN_CONSOLE.fullmatch(line)]
         assert unexpected == [], run.stdout  # e.g. Keras' epoch lines, TensorFlow's C++ lines
-        assert "[10/11] Pusher finished in" in run.stdout
-        assert "[11/11] RunReport finished in" in run.stdout
+        assert "[11/12] Pusher finished in" in run.stdout
+        assert "[12/12] RunReport finished in" in run.stdout
         assert "Data span: 0" in run.stdout
         assert (
             f"Predictions of s3://{BUCKET}/serving/taxi-tips/1 on the first rows of "

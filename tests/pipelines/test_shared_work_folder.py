@@ -133,7 +133,7 @@ def test_commands_share_the_store_and_runs_take_turns(tmp_path, cli_in_backgroun
     code, out, err = victim.finish(timeout=120)
     assert time.monotonic() - killed_at < 30, out + err
     assert code == 1, out + err
-    assert re.search(r"\[\d+/11\] \w+ FAILED after", out), out
+    assert re.search(r"\[\d+/12\] \w+ FAILED after", out), out
     assert f"the object store at {endpoint} does not answer" in err, err
     server.wait_for(f"Object store at {endpoint} does not answer")
     line = server.wait_for("Object store: now using http://127.0.0.1:")
