@@ -39,7 +39,7 @@ class SearchDeadline(Exception):
 
 
 def _model_and_data(fn_args, custom_config: dict, values: dict):
-    """(model, train, evaluation, batch size) with `values` (decoded) in force, as the Trainer
+    """(model, train, evaluation) with `values` (decoded) in force, as the Trainer
     builds them (components/training/loop.py run_fn), on one process: all of its GPUs."""
     import tensorflow as tf
     import tensorflow_transform as tft
