@@ -27,16 +27,16 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.proto import trainer_pb2
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 from tfx.types.standard_component_specs import TrainerSpec
-from tfx.utils import io_utils, proto_utils
+from tfx.utils import proto_utils
 
 from components.base import storage
 from components.base.config import check_run_parameters
 from components.base.launcher_paths import PIPELINE_FOLDER_ENV
 from components.base.use_case import TRAINING_HYPERPARAMETERS
 from components.base.use_case import load as load_use_case
-from components.steps.example_gen import CLASS_NAMES_KEY
-from components.steps.span_selection import SpanSelection, read_selection
-from components.training import checkpoints, cluster_job, local_workers
+from components.steps import training_inputs
+from components.steps.span_selection import SpanSelection
+from components.training import cluster_job, local_workers
 from components.training.checkpoints import CHECKPOINTS_FOLDER
 from components.training.tfjob import TFJobKind
 from components.training.trainjob import TrainJobKind
@@ -61,10 +61,7 @@ class TunableTrainerExecutor(trainer_executor.GenericExecutor):
         custom_config = json.loads(properties.get("custom_config") or "null") or {}
         custom_config["epochs"] = int(properties.pop("epochs"))
         custom_config["max_train_minutes"] = float(properties.pop("max_train_minutes"))
-        if input_dict.get("raw_examples"):  # classes from the data: ExampleGen names them
-            raw = artifact_utils.get_single_instance(input_dict["raw_examples"])
-            custom_config["class_names"] = json.loads(raw.get_string_custom_property(
-                CLASS_NAMES_KEY) or "null")  # fmt: skip
+        custom_config = training_inputs.with_class_names(input_dict, custom_config)
         if input_dict.get("hyperparameters"):  # the Tuner step's: searched or carried over
             custom_config = _with_hyperparameters(input_dict, custom_config)
         if custom_config.get("checkpoint_root") and input_dict.get("selection"):
@@ -121,20 +118,16 @@ def _record_hyperparameters(output_dict, custom_config: dict) -> None:
 
 
 def _backup_dir(input_dict, custom_config: dict, train_args: trainer_pb2.TrainArgs) -> str:
-    selection = read_selection(artifact_utils.get_single_instance(input_dict["selection"]))
-    schema_dir = artifact_utils.get_single_uri(input_dict["schema"])
-    schema = storage.read_bytes(io_utils.get_only_uri_in_dir(schema_dir))
-    parameters = {k: v for k, v in custom_config.items() if k not in checkpoints.NOT_IN_BACKUP_KEY}
-    parameters["train_steps"] = train_args.num_steps
     # The replicas (strategy auto uses every GPU) set the global batch and learning rate; a
     # cluster job's replicas have the GPUs, not this step's pod.
     job_gpus = custom_config["cluster_job"]["gpus"] if _on_a_cluster(custom_config) else None
-    parameters["gpus"] = local_workers.visible_gpus() if job_gpus is None else job_gpus
-    key = checkpoints.training_key(selection["fingerprint"], schema, parameters)
-    root = _backup_root(custom_config["checkpoint_root"])
-    max_age = float(custom_config.get("checkpoint_max_age_hours", 72))
-    checkpoints.remove_abandoned(root, max_age, keep=key)
-    return storage.join(root, key)
+    extra = {
+        "train_steps": train_args.num_steps,
+        "gpus": local_workers.visible_gpus() if job_gpus is None else job_gpus,
+    }
+    return training_inputs.keyed_folder(input_dict, custom_config, extra,
+                                        custom_config["checkpoint_root"], CHECKPOINTS_FOLDER,
+                                        "training backup")  # fmt: skip
 
 
 def _on_a_cluster(custom_config: dict) -> bool:
@@ -142,13 +135,6 @@ def _on_a_cluster(custom_config: dict) -> bool:
     return int(custom_config.get("num_workers", 1)) > 1 and bool(
         os.environ.get(PIPELINE_FOLDER_ENV)
     )
-
-
-def _backup_root(configured: str) -> str:
-    """On Kubeflow the run's own pipeline root, which a run may set apart from the compiled one
-    (pipelines/kubeflow/kfp_entrypoint.py gives it); elsewhere the configured one."""
-    folder = os.environ.get(PIPELINE_FOLDER_ENV)
-    return storage.join(folder, CHECKPOINTS_FOLDER) if folder else configured
 
 
 def _record_summary(output_dict) -> None:

@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any
 
 from tfx import types
 from tfx.dsl.components.base import base_component, base_executor, executor_spec
 from tfx.proto import trainer_pb2
 from tfx.types import artifact_utils, component_spec, standard_artifacts
-from tfx.utils import io_utils, proto_utils
+from tfx.utils import proto_utils
 
 from components.base import registry, serving_state, storage
 from components.base.config import check_run_parameters
-from components.base.launcher_paths import PIPELINE_FOLDER_ENV
 from components.base.use_case import load as load_use_case
-from components.steps.example_gen import CLASS_NAMES_KEY
-from components.steps.span_selection import SpanSelection, read_selection
+from components.steps import training_inputs
+from components.steps.span_selection import SpanSelection
 
 BEST_FILE = "best_hyperparameters.txt"  # TFX's name (tfx/components/tuner/executor.py)
 RESULTS_FILE = "tuner_results.json"  # TFX's
@@ -102,10 +100,7 @@ def _searched(input_dict, output_dict, properties: dict,
     custom_config = json.loads(properties["custom_config"])
     use_case = load_use_case(custom_config["use_case"])
     space = search_space.declared(use_case, pinned)  # SearchSpaceError before any trial
-    if input_dict.get("raw_examples"):  # classes from the data, as the Trainer takes them
-        raw = artifact_utils.get_single_instance(input_dict["raw_examples"])
-        custom_config["class_names"] = json.loads(raw.get_string_custom_property(
-            CLASS_NAMES_KEY) or "null")  # fmt: skip
+    custom_config = training_inputs.with_class_names(input_dict, custom_config)
     trial_steps = int(properties["tuner_trial_steps"]) or int(properties["train_steps"])
     epochs = min(int(properties["epochs"]), trial_steps)
     settings = search.SearchSettings(
@@ -149,20 +144,11 @@ def _searched(input_dict, output_dict, properties: dict,
 
 def _search_folder(input_dict, properties: dict, custom_config: dict, settings, space) -> str:
     """`<pipeline root>/_tuner/<key>`: the key says what defines the search (as a training's
-    backup is keyed: components/training/checkpoints.py)."""
-    from components.training import checkpoints
-
-    selection = read_selection(artifact_utils.get_single_instance(input_dict["selection"]))
-    schema_dir = artifact_utils.get_single_uri(input_dict["schema"])
-    schema = storage.read_bytes(io_utils.get_only_uri_in_dir(schema_dir))
-    parameters = {k: v for k, v in custom_config.items() if k not in checkpoints.NOT_IN_BACKUP_KEY}
-    parameters["search"] = {**settings.identity(), "space": space.get_config()}
-    key = checkpoints.training_key(selection["fingerprint"], schema, parameters)
-    folder = os.environ.get(PIPELINE_FOLDER_ENV)
-    root = storage.join(folder, SEARCH_FOLDER) if folder else properties["search_root"]
-    max_age = float(custom_config.get("checkpoint_max_age_hours", 72))
-    checkpoints.remove_abandoned(root, max_age, keep=key, what="search")
-    return storage.join(root, key)
+    backup is keyed)."""
+    extra = {"search": {**settings.identity(), "space": space.get_config()}}
+    return training_inputs.keyed_folder(input_dict, custom_config, extra,
+                                        properties["search_root"], SEARCH_FOLDER,
+                                        "search")  # fmt: skip
 
 
 class HyperparameterSearchSpec(types.ComponentSpec):

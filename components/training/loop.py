@@ -16,6 +16,7 @@ import os
 # Transform's Keras layer and TFMA are built on Keras 2; pick it before TensorFlow is imported.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import shutil  # noqa: E402
@@ -134,41 +135,18 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     if missing:
         raise ValueError(f"the Trainer's custom_config lacks {missing} (pipelines/pipeline.py "
                          "trainer_config gives every setting)")  # fmt: skip
-    use_case = load_use_case(config["use_case"])
+    use_case = load_use_case(config["use_case"])  # an unknown use case fails first
     if not fn_args.train_steps:
         raise ValueError("train_steps must be set: the training dataset repeats forever")
     # First: MultiWorkerMirroredStrategy must exist before TensorFlow runs anything.
     strategy = distribution.choose_strategy(config["strategy"])
-    gpus = tf.config.list_logical_devices("GPU")
-    mixed = use_mixed_precision(config["mixed_precision"], len(gpus))
-    # Set either way: the policy is process-global and a previous run may have changed it.
-    tf.keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
-    replicas = strategy.num_replicas_in_sync
     workers = max(1, distribution.num_tasks(distribution.cluster_spec()))
     chief = distribution.is_chief()
     epochs = max(1, int(config["epochs"]))
     steps_per_epoch = max(1, fn_args.train_steps // epochs)
-    per_replica = int(config["batch_size"])
-    batch_size = distribution.global_batch_size(per_replica, replicas)
-    learning_rate = distribution.scaled_learning_rate(float(config["learning_rate"]), replicas)
-
-    tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
-    cache = bool(config["cache_training_data"])
-    seed = SHARED_SHUFFLE_SEED if workers > 1 else None
-    label = use_case.label_key
-    hyperparameters = use_case.resolved_hyperparameters(config.get("hyperparameters", {}))
-    prepare = model_inputs(use_case, hyperparameters)
-    train = _dataset(fn_args.train_files, fn_args, tf_transform_output, label, batch_size, True,
-                     cache, seed, prepare)  # fmt: skip
-    train = _shard_by_files(train, fn_args.train_files, workers)
-    evaluation = _dataset(fn_args.eval_files, fn_args, tf_transform_output, label, batch_size,
-                          False, prepare=prepare)  # fmt: skip
-    evaluation = _shard_by_files(evaluation, fn_args.eval_files, workers)
-    class_names = config.get("class_names")
-    with strategy.scope():
-        model = use_case.function("build_model")(
-            hyperparameters, learning_rate, **model_context(use_case, config)
-        )
+    built = build(fn_args, config, strategy, workers, cache=bool(config["cache_training_data"]))
+    model, train, evaluation = built.model, built.train, built.evaluation
+    replicas, batch_size, mixed = strategy.num_replicas_in_sync, built.batch_size, built.mixed
 
     backup = checkpoints.TrainingBackup(
         config.get("checkpoint_dir") or os.path.join(fn_args.model_run_dir, "backup"),
@@ -201,7 +179,7 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
         f"Training: strategy={type(strategy).__name__} replicas={replicas} workers={workers} "
         f"devices={strategy.extended.worker_devices} mixed_precision={mixed} epochs={epochs} "
         f"steps_per_epoch={steps_per_epoch} eval_steps={fn_args.eval_steps} "
-        f"global_batch={batch_size} learning_rate={learning_rate:g} "
+        f"global_batch={batch_size} learning_rate={built.learning_rate:g} "
         f"backup={backup.remote_dir} ({'resuming' if resumed else 'new'})"
     )
     if finished is None:
@@ -227,14 +205,66 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     _log.info("Training finished: %s", json.dumps(summary))
     if finished is None:  # the weights to export (the best epoch's), kept until exported
         backup.save_final(model, summary)
-    export.export(model, tf_transform_output, fn_args.serving_model_dir, use_case.label_key,
-                  class_names=class_names, prepare=prepare)  # fmt: skip
+    export.export(model, built.transform_output, fn_args.serving_model_dir, use_case.label_key,
+                  class_names=config.get("class_names"), prepare=built.prepare)  # fmt: skip
     if chief:
         storage.write_bytes(
             storage.join(fn_args.model_run_dir, TRAINING_SUMMARY), json.dumps(summary).encode()
         )
     backup.delete_remote()  # a finished training leaves no backup behind
     shutil.rmtree(backup.local_dir, ignore_errors=True)
+
+
+@dataclasses.dataclass
+class Built:
+    """What `build` returns: the model and its data, as run_fn and a search's trials train."""
+
+    model: tf.keras.Model
+    train: tf.data.Dataset
+    evaluation: tf.data.Dataset
+    transform_output: tft.TFTransformOutput
+    prepare: object  # model_inputs': None or (features, training) -> the model's inputs
+    batch_size: int  # global: per replica x replicas
+    learning_rate: float  # scaled to the replicas
+    mixed: bool  # training in mixed_float16
+
+
+def build(fn_args, config: dict, strategy: tf.distribute.Strategy, workers: int = 1,
+          cache: bool = False) -> Built:  # fmt: skip
+    """The use case's model (built under `strategy`) and its datasets from Transform's output,
+    with the config's hyperparameters, batch size and learning rate (scaled to the replicas)
+    and mixed precision where it pays; each of `workers` reads its share of the files."""
+    use_case = load_use_case(config["use_case"])
+    gpus = tf.config.list_logical_devices("GPU")
+    mixed = use_mixed_precision(config["mixed_precision"], len(gpus))
+    # Set either way: the policy is process-global and a previous run may have changed it.
+    tf.keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
+    replicas = strategy.num_replicas_in_sync
+    batch_size = distribution.global_batch_size(int(config["batch_size"]), replicas)
+    learning_rate = distribution.scaled_learning_rate(float(config["learning_rate"]), replicas)
+    transform_output = tft.TFTransformOutput(fn_args.transform_output)
+    seed = SHARED_SHUFFLE_SEED if workers > 1 else None
+    label = use_case.label_key
+    hyperparameters = use_case.resolved_hyperparameters(config.get("hyperparameters") or {})
+    prepare = model_inputs(use_case, hyperparameters)
+    train = _dataset(fn_args.train_files, fn_args, transform_output, label, batch_size, True,
+                     cache, seed, prepare)  # fmt: skip
+    evaluation = _dataset(fn_args.eval_files, fn_args, transform_output, label, batch_size,
+                          False, prepare=prepare)  # fmt: skip
+    with strategy.scope():
+        model = use_case.function("build_model")(
+            hyperparameters, learning_rate, **model_context(use_case, config)
+        )
+    return Built(
+        model=model,
+        train=_shard_by_files(train, fn_args.train_files, workers),
+        evaluation=_shard_by_files(evaluation, fn_args.eval_files, workers),
+        transform_output=transform_output,
+        prepare=prepare,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        mixed=mixed,
+    )
 
 
 def model_inputs(use_case, hyperparameters: dict):

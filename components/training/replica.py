@@ -66,11 +66,8 @@ def download_inputs(inputs: dict, folder: Path) -> int:
 def main(job_uri: str) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)  # a line per feature per dataset
-    from tfx.types import artifact_utils
-
     from components.base import storage
     from components.training import heartbeat
-    from components.training.local_workers import run_executor
 
     os.environ["TF_CONFIG"] = tf_config(os.environ)
     task = json.loads(os.environ["TF_CONFIG"])["task"]
@@ -78,6 +75,12 @@ def main(job_uri: str) -> None:
     job = json.loads(storage.read_bytes(job_uri))
     if "heartbeat" in job:  # stop when the step that waits for this job is gone
         heartbeat.watch(job["heartbeat"]["uri"], float(job["heartbeat"]["timeout_seconds"]))
+    # TFX and TensorFlow after the watch: their imports take tens of seconds on a busy node,
+    # during which a replica of a step already gone would otherwise not look.
+    from tfx.types import artifact_utils
+
+    from components.training.local_workers import run_executor
+
     work = Path(tempfile.mkdtemp(prefix="replica-"))
     try:
         started = time.monotonic()

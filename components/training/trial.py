@@ -39,37 +39,17 @@ class SearchDeadline(Exception):
 
 
 def _model_and_data(fn_args, custom_config: dict, values: dict):
-    """(model, train, evaluation) with `values` (decoded) in force, as the Trainer
-    builds them (components/training/loop.py run_fn), on one process: all of its GPUs."""
+    """(model, train, evaluation) with `values` (decoded) in force, as the Trainer builds them
+    (components/training/loop.py `build`), on one process: all of its GPUs."""
     import tensorflow as tf
-    import tensorflow_transform as tft
 
-    from components.base.use_case import load as load_use_case
-    from components.training import distribution, loop, search_space
+    from components.training import loop, search_space
 
-    config = search_space.apply(custom_config, values)
-    use_case = load_use_case(config["use_case"])
-    hyperparameters = use_case.resolved_hyperparameters(config["hyperparameters"])
     tf.keras.backend.clear_session()
     gpus = tf.config.list_logical_devices("GPU")
-    mixed = loop.use_mixed_precision(config["mixed_precision"], len(gpus))
-    tf.keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
     strategy = tf.distribute.MirroredStrategy() if len(gpus) > 1 else tf.distribute.get_strategy()
-    replicas = strategy.num_replicas_in_sync
-    batch_size = distribution.global_batch_size(int(config["batch_size"]), replicas)
-    learning_rate = distribution.scaled_learning_rate(float(config["learning_rate"]), replicas)
-    transform_output = tft.TFTransformOutput(fn_args.transform_output)
-    prepare = loop.model_inputs(use_case, hyperparameters)
-    label = use_case.label_key
-    train = loop._dataset(fn_args.train_files, fn_args, transform_output, label, batch_size,
-                          True, prepare=prepare)  # fmt: skip
-    evaluation = loop._dataset(fn_args.eval_files, fn_args, transform_output, label, batch_size,
-                               False, prepare=prepare)  # fmt: skip
-    with strategy.scope():
-        model = use_case.function("build_model")(
-            hyperparameters, learning_rate, **loop.model_context(use_case, config)
-        )
-    return model, train, evaluation
+    built = loop.build(fn_args, search_space.apply(custom_config, values), strategy)
+    return built.model, built.train, built.evaluation
 
 
 def fn_args_for(inputs: dict, exec_properties: dict, work: Path):
@@ -177,16 +157,18 @@ def run_trials(job: dict, fn_args) -> int:
 def main(job_uri: str) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
-    from tfx.types import artifact_utils
-
     from components.base import storage
-    from components.training.replica import download_inputs
 
     job = json.loads(storage.read_bytes(job_uri))
     if "heartbeat" in job:  # a pod: stop when the step that holds the search is gone
         from components.training import heartbeat
 
         heartbeat.watch(job["heartbeat"]["uri"], float(job["heartbeat"]["timeout_seconds"]))
+    # TFX after the watch (components/training/replica.py says why).
+    from tfx.types import artifact_utils
+
+    from components.training.replica import download_inputs
+
     work = Path(tempfile.mkdtemp(prefix="trial-"))
     try:
         inputs = artifact_utils.parse_artifact_dict(job["inputs"])

@@ -30,9 +30,12 @@ follows (kubernetes v1.29 unless named), and where it cannot play a rule it refu
   (`_resolve`); each pod has an IP of its own on loopback (`pod_ip`, `status.podIP`, the
   downward API's too), its command's `$(VAR)` expanded as the kubelet does, and a Ready
   condition from its readinessProbe (kube_pods.Pod.ready);
-- pods a client creates (POST, the Tuner step's trial pods): as above for the namespace, the
-  owner references' required fields (422), Pod Security's refusal as a 403 to the caller, an
-  existing name a 409; only `restartPolicy: Never` is played (refused otherwise); GET and
+- pods a client creates (POST, the Tuner step's trial pods): as above for the namespace and
+  `fieldValidation` (the fields Kubernetes 1.29's Pod definition lacks), the owner references'
+  required fields (422), Pod Security's refusal as a 403 to the caller, an existing name a 409;
+  only `restartPolicy: Never` is played (refused otherwise); `spec.activeDeadlineSeconds`: past
+  it after the pod's start, the kubelet kills it and it ends Failed, reason DeadlineExceeded
+  (pkg/kubelet/active_deadline.go); GET and
   DELETE of one pod by name (404 when absent; a deleted pod's process is stopped at once); the
   pod the test process plays (a KFP step's, `add_step_pod`), Running with an IP of its own;
 - patch: a JSON merge patch of a custom resource, admitted as a create is (schema, CEL, the
@@ -75,6 +78,7 @@ from tests.stand_ins import kfp_launcher, pod_security
 from tests.stand_ins.kube_pods import Node, Pod, default_nodes, now_text, quantity
 from tests.stand_ins.kube_schema import (
     Resource,
+    core_definitions,
     defaulted,
     drop,
     metadata_errors,
@@ -244,21 +248,9 @@ class KubeApi:
 
     def _admitted(self, resource: Resource, body: dict, validation: str) -> tuple[dict, list]:
         """`body` as stored: unknown fields per `validation`, defaults, schema, CEL, webhook."""
-        validation = validation or "Warn"
-        if validation not in ("Strict", "Warn", "Ignore"):
-            raise ApiError(
-                400,
-                "BadRequest",
-                f"fieldValidation: Unsupported value: "
-                f'"{validation}": supported values: "Ignore", "Strict", "Warn"',
-            )
         unknown = unknown_fields(body, resource.schema)
+        warnings = _field_validation(resource.kind, resource.version, unknown, validation)
         kind = resource.kind
-        if unknown and validation == "Strict":
-            fields = ", ".join(f'unknown field "{p[1:]}"' for p in unknown)
-            raise ApiError(400, "BadRequest", f'{kind} in version "{resource.version}" cannot be '
-                           f"handled as a {kind}: strict decoding error: {fields}")  # fmt: skip
-        warnings = [f'unknown field "{p[1:]}"' for p in unknown] if validation == "Warn" else []
         body = defaulted(drop(body, unknown), resource.schema)
         meta = body["metadata"]
         name = meta.get("name", "")
@@ -296,15 +288,22 @@ class KubeApi:
             self.pods[name] = pod
         return pod
 
-    def create_pod(self, body: dict, namespace: str) -> Pod:
-        """A pod a client creates (POST .../pods): the namespace as for any object; the owner
-        references' required fields (apimachinery pkg/api/validation/objectmeta.go
-        validateOwnerReference: 422); Pod Security's refusal answered to the caller as a 403
-        (pod-security-admission's webhook message, pod_security.py); an existing name a 409
-        (`pods "x" already exists`). Only `restartPolicy: Never` is played (the default,
-        Always, restarts a container in place: refused rather than played wrong)."""
+    def create_pod(self, body: dict, namespace: str, validation: str = "") -> tuple[Pod, list]:
+        """A pod a client creates (POST .../pods), and the warnings: the fields a Pod does not
+        have (Kubernetes 1.29's Pod definition) per `fieldValidation` as for any object; the
+        namespace as for any object; the owner references' required fields (apimachinery
+        pkg/api/validation/objectmeta.go validateOwnerReference: 422); Pod Security's refusal
+        answered to the caller as a 403 (pod-security-admission's webhook message,
+        pod_security.py); an existing name a 409 (`pods "x" already exists`). Only
+        `restartPolicy: Never` is played (the default, Always, restarts a container in place:
+        refused rather than played wrong). `spec.activeDeadlineSeconds` is played by the
+        kubelet (`_past_deadline`)."""
         if not isinstance(body, dict) or body.get("kind") != "Pod":
             raise ApiError(400, "BadRequest", "the body is not a Pod")
+        definitions = core_definitions()
+        unknown = unknown_fields(body, definitions["io.k8s.api.core.v1.Pod"], "", definitions)
+        warnings = _field_validation("Pod", "v1", unknown, validation)
+        body = drop(body, unknown)
         meta = body.setdefault("metadata", {})
         if meta.get("namespace", namespace) != namespace:
             raise ApiError(400, "BadRequest", "the namespace of the provided object does not "
@@ -330,7 +329,7 @@ class KubeApi:
             pod = Pod(self, body, {}, self.work / f"{name}.log")
             self.pods[name] = pod
             self.created.append(json.loads(json.dumps(body)))
-        return pod
+        return pod, warnings
 
     def add_step_pod(self, name: str, uid: str) -> str:
         """The pod a test process plays (a KFP step's pod, KFP_POD_NAME and KFP_POD_UID): Running
@@ -365,14 +364,31 @@ class KubeApi:
     def _kubelet(self) -> None:
         while not self._closed.is_set():
             with self.lock:
-                pending = [p for p in self.pods.values()
-                           if p.process is None and not p.deleted and not p.external]  # fmt: skip
-            for pod in pending:
+                live = [p for p in self.pods.values() if not (
+                    p.deleted or p.external or p.deadline_exceeded)]  # fmt: skip
+            for pod in live:
                 try:
-                    self._advance(pod)
+                    if self._past_deadline(pod):
+                        continue
+                    if pod.process is None:
+                        self._advance(pod)
                 except Exception as error:  # a stand-in bug must not hang the test silently
                     pod.waiting = ("StandInError", repr(error))
             time.sleep(0.05)
+
+    def _past_deadline(self, pod: Pod) -> bool:
+        """`spec.activeDeadlineSeconds` after the pod's start (its status.startTime: when the
+        kubelet first takes it, here once scheduled): the kubelet kills it and fails it with
+        reason DeadlineExceeded (pkg/kubelet/active_deadline.go), in a thread of its own so the
+        others go on meanwhile."""
+        deadline = pod.spec.get("activeDeadlineSeconds")
+        if deadline is None or pod.started_at is None or pod.phase() in ("Succeeded", "Failed"):
+            return False
+        if time.monotonic() - pod.started_at <= float(deadline):
+            return False
+        pod.deadline_exceeded = True
+        threading.Thread(target=pod.kill, daemon=True).start()
+        return True
 
     def _advance(self, pod: Pod) -> None:
         if time.monotonic() - pod.created < self.schedule_seconds:
@@ -381,6 +397,7 @@ class KubeApi:
             pod.node, pod.unschedulable = self._schedule(pod)
             if pod.node is None:
                 return
+            pod.started_at = time.monotonic()
         env, missing = self._environment(pod)
         if missing:
             pod.waiting = ("CreateContainerConfigError", missing)
@@ -529,6 +546,21 @@ class KubeApi:
             return self.pods.get(name)
 
 
+def _field_validation(kind: str, version: str, unknown: list[str], validation: str) -> list[str]:
+    """What `fieldValidation` does with the fields a kind does not know (pkg/endpoints/handlers
+    rest.go; absent means Warn): Strict refuses them (400), Warn answers with a warning per
+    field (returned), Ignore drops them silently; the caller drops them either way."""
+    validation = validation or "Warn"
+    if validation not in ("Strict", "Warn", "Ignore"):
+        raise ApiError(400, "BadRequest", f'fieldValidation: Unsupported value: "{validation}": '
+                       'supported values: "Ignore", "Strict", "Warn"')  # fmt: skip
+    if unknown and validation == "Strict":
+        fields = ", ".join(f'unknown field "{p[1:]}"' for p in unknown)
+        raise ApiError(400, "BadRequest", f'{kind} in version "{version}" cannot be handled as '
+                       f"a {kind}: strict decoding error: {fields}")  # fmt: skip
+    return [f'unknown field "{p[1:]}"' for p in unknown] if validation == "Warn" else []
+
+
 def _expand(text: str, env: dict[str, str]) -> str:
     """The kubelet's `$(VAR)` in a command or argument (third_party/forked/golang/expansion):
     a variable of the container's env is replaced, `$$` is a `$`, anything else stays."""
@@ -670,8 +702,9 @@ def _handler(api: KubeApi):
                     403, "Forbidden", f'pods is forbidden in the namespace "{namespace}"'
                 )
             if method == "POST":
-                created = api.create_pod(body, namespace)
-                return self._reply(201, created.as_json())
+                created, warnings = api.create_pod(body, namespace,
+                                                   query.get("fieldValidation", ""))  # fmt: skip
+                return self._reply(201, created.as_json(), warnings=warnings)
             if pod is None:
                 key, value = _selector(query)
                 with api.lock:

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from tests.stand_ins.kube_api import KubeApi
 
 
+# pkg/kubelet/active_deadline.go: a pod past spec.activeDeadlineSeconds ends Failed with these.
+DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
+
+
 def now_text() -> str:
     """A Kubernetes timestamp (RFC 3339, whole seconds, UTC)."""
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -72,6 +76,8 @@ class Pod:
         self.waiting: tuple[str, str] | None = None  # (reason, message)
         self.process: subprocess.Popen | None = None
         self.finished_at: str | None = None
+        self.started_at: float | None = None  # monotonic: its status.startTime
+        self.deadline_exceeded = False  # killed past spec.activeDeadlineSeconds
         self.deleted = False
         self.ip = api.pod_ip()
         self.uid = str(uuid.uuid4())  # the API server's, unique for every pod ever made
@@ -94,6 +100,8 @@ class Pod:
     def phase(self) -> str:
         if self.external:
             return "Running"
+        if self.deadline_exceeded:
+            return "Failed"
         if self.process is None:
             return "Pending"
         code = self.exit_code()
@@ -153,6 +161,8 @@ class Pod:
             "spec": dict(self.spec, nodeName=self.node.name) if self.node else self.spec,
             "status": {
                 "phase": self.phase(), "conditions": conditions,
+                **({"reason": "DeadlineExceeded", "message": DEADLINE_MESSAGE}
+                   if self.deadline_exceeded else {}),
                 **({"podIP": self.ip} if self.node else {}),
                 "containerStatuses": [{
                     "name": self.container["name"], "image": self.container.get("image", ""),
@@ -164,5 +174,9 @@ class Pod:
 
     def stop(self, grace_seconds: float = 10) -> None:
         self.deleted = True
+        self.kill(grace_seconds)
+
+    def kill(self, grace_seconds: float = 10) -> None:
+        """Its container stopped as the kubelet does (SIGTERM, then SIGKILL after the grace)."""
         if self.process is not None:
             stop_process(self.process, grace_seconds)

@@ -60,8 +60,22 @@ def crd_schema(path: Path, version: str, name: str = "") -> tuple[dict, dict]:
     return names, served["schema"]["openAPIV3Schema"]
 
 
-def unknown_fields(value, schema: dict, path: str = "") -> list[str]:
-    """The paths of the fields a structural schema does not know (what pruning drops)."""
+CORE_SWAGGER = Path(__file__).parent / "schemas" / "kubernetes-1.29-swagger.json.gz"
+
+
+@functools.cache
+def core_definitions() -> dict[str, dict]:
+    """Kubernetes 1.29's OpenAPI definitions of its built-in kinds (`io.k8s.api.core.v1.Pod`:
+    what the API server decodes a pod into, so what it knows of one)."""
+    return json.loads(gzip.decompress(CORE_SWAGGER.read_bytes()))["definitions"]
+
+
+def unknown_fields(value, schema: dict, path: str = "",
+                   definitions: dict | None = None) -> list[str]:  # fmt: skip
+    """The paths of the fields a structural schema does not know (what pruning drops; for a
+    built-in kind, what strict decoding names). `definitions` resolve a schema's `$ref`."""
+    if isinstance(schema, dict) and "$ref" in schema and definitions is not None:
+        schema = definitions[schema["$ref"].rsplit("/", 1)[1]]
     if not isinstance(schema, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
         return []
     found = []
@@ -74,14 +88,14 @@ def unknown_fields(value, schema: dict, path: str = "") -> list[str]:
             if path == "" and key == "metadata":
                 found += [f".metadata.{k}" for k in item if k not in OBJECT_META]
             elif properties is not None and key in properties:
-                found += unknown_fields(item, properties[key], here)
+                found += unknown_fields(item, properties[key], here, definitions)
             elif isinstance(schema.get("additionalProperties"), dict):
-                found += unknown_fields(item, schema["additionalProperties"], here)
+                found += unknown_fields(item, schema["additionalProperties"], here, definitions)
             elif properties is not None or schema.get("type") == "object":
                 found.append(here)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for index, item in enumerate(value):
-            found += unknown_fields(item, schema["items"], f"{path}[{index}]")
+            found += unknown_fields(item, schema["items"], f"{path}[{index}]", definitions)
     return found
 
 

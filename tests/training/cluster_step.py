@@ -25,6 +25,7 @@ from components.training import cluster_job
 from components.training.replica import __name__ as REPLICA_MODULE
 from pipelines.pipeline import cluster_job_settings
 from tests.stand_ins.kube_stand_in import KubeStandIn
+from tests.training import processes
 from tests.use_cases.taxi.fixtures import trainer_settings
 
 NAMESPACE = "kubeflow-user"
@@ -119,15 +120,8 @@ def allowed_requests() -> set[tuple[str, str, str]]:
 
 
 def replica_processes() -> list[psutil.Process]:
-    """The replicas still running (an exited one not yet reaped is not)."""
-    running = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if REPLICA_MODULE in " ".join(process.cmdline()):
-                running.append(process)
-        except psutil.Error:  # exited (a zombie until reaped) or gone
-            pass
-    return running
+    """The replicas still running."""
+    return processes.running(REPLICA_MODULE)
 
 
 def staging_left(step: ClusterStep) -> list[str]:

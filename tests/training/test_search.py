@@ -19,7 +19,7 @@ import pytest
 from components.base.config import ConfigError, PipelineConfig
 from components.base.use_case import load as load_use_case
 from components.training import search, search_space
-from tests.training import search_step
+from tests.training import processes, search_step
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +28,6 @@ def root(tmp_path_factory):
     folder = tmp_path_factory.mktemp("search")
     search_step.transformed_inputs(folder)
     return folder
-
-
-def _workers_of(pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.Process(pid).children(recursive=True)
-            if "components.training.trial" in " ".join(p.cmdline())]  # fmt: skip
 
 
 def test_a_killed_search_resumes_and_runs_only_the_trials_left(root, tmp_path):
@@ -75,7 +70,7 @@ def test_a_dead_trial_worker_is_recorded_failed_and_the_search_completes(root, t
             folders = search_step.records_folder(tmp_path)
             if folders and list(folders[0].glob("*.json")):  # a trial ended: both are warm
                 time.sleep(1.0)
-                worker = _workers_of(psutil.Process().pid)[0]
+                worker = processes.running("components.training.trial")[0]
                 worker.send_signal(signal.SIGKILL)
                 killed.append(worker.pid)
             time.sleep(0.1)

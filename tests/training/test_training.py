@@ -26,8 +26,11 @@ from components.training import checkpoints, local_workers, loop
 from components.use_cases.taxi import features
 from pipelines import gpu_check
 from pipelines.bench import bench_training
+from tests.training import processes
 from tests.use_cases.kit import scalar_steps
 from tests.use_cases.taxi.fixtures import fn_args_for, trainer_settings
+
+LOCAL_WORKER = local_workers.__name__
 
 # An AUC on the test data (300 eval rows) that every trained model here clears and no untrained
 # one reaches. Measured in 13 runs each: one worker, 40 steps, 0.828-0.873; two workers
@@ -80,14 +83,6 @@ def _summary(outputs) -> dict:
     return json.loads(open(os.path.join(outputs["model_run"][0].uri, loop.TRAINING_SUMMARY)).read())
 
 
-def _workers_of_this_test() -> list[psutil.Process]:
-    return [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if "components.training.local_workers" in " ".join(p.cmdline())
-    ]
-
-
 def test_two_workers_train_a_model_as_good_as_one_worker(transformed, tmp_path, to_examples):
     eval_frame = transformed[2]
     # No evaluation between epochs: under MultiWorkerMirroredStrategy it is traced once more.
@@ -106,7 +101,7 @@ def test_two_workers_train_a_model_as_good_as_one_worker(transformed, tmp_path, 
     # it reached 0.041 in 13 runs, too close to any tolerance that still means "as good".
     single, double = (_auc(_serving_dir(o), eval_frame, to_examples) for o in (one[1], two[1]))
     assert single > TRAINED_AUC and double > TRAINED_AUC, (single, double)
-    assert not _workers_of_this_test()
+    assert not processes.running(LOCAL_WORKER)
 
 
 def test_a_killed_worker_fails_the_step_quickly_with_its_error(transformed, tmp_path):
@@ -121,7 +116,7 @@ def test_a_killed_worker_fails_the_step_quickly_with_its_error(transformed, tmp_
         deadline = time.monotonic() + 120
         while not index.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-        for process in _workers_of_this_test():
+        for process in processes.running(LOCAL_WORKER):
             if process.cmdline()[-1] == "1":
                 process.send_signal(signal.SIGKILL)
                 killed["at"] = time.monotonic()
@@ -132,7 +127,8 @@ def test_a_killed_worker_fails_the_step_quickly_with_its_error(transformed, tmp_
     assert "at" in killed, "worker 1 never started training"
     assert time.monotonic() - killed["at"] < 30
     assert "training worker 1 of 2 was killed by SIGKILL" in str(failure.value)
-    assert not _workers_of_this_test()  # worker 0 was stopped, not left waiting
+    # Worker 0 was stopped, not left waiting.
+    assert not processes.running(LOCAL_WORKER)
 
 
 def test_killed_training_resumes_from_its_backup_and_ends_as_good(

@@ -15,7 +15,6 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 from tfx.types import standard_artifacts
 
@@ -26,7 +25,7 @@ from components.training import trial_pods
 from pipelines.pipeline import cluster_job_settings
 from tests.pipelines.serving.test_serving_manifests import kubernetes_validator, schema_errors
 from tests.stand_ins.kube_stand_in import KubeStandIn
-from tests.training import search_step
+from tests.training import processes, search_step
 from tests.training.cluster_step import NAMESPACE, allowed_requests
 
 STEP_POD = "run-1-tuner-pod"
@@ -51,17 +50,6 @@ def _staged(inputs: dict, folder: str, launcher_root: Path) -> dict:
             copy.split_names = artifact.split_names
         staged[key] = [copy]
     return staged
-
-
-def _trial_processes() -> list[psutil.Process]:
-    found = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if trial_pods.TRIAL_MODULE in " ".join(process.cmdline()):
-                found.append(process)
-        except psutil.Error:
-            pass
-    return found
 
 
 def test_a_trial_pod_killed_mid_trial_is_recorded_failed_and_the_search_completes(
@@ -116,7 +104,7 @@ def test_a_trial_pod_killed_mid_trial_is_recorded_failed_and_the_search_complete
         killer.join()
         # Before the stand-in closes (which stops every pod's process): the step left none.
         assert not [p for p in stand_in.pods.values() if not p.external]
-        assert not _trial_processes()
+        assert not processes.running(trial_pods.TRIAL_MODULE)
     finally:
         stand_in.close()
 
@@ -163,5 +151,50 @@ def test_trial_pods_need_the_step_s_pod(monkeypatch, tmp_path):
         with pytest.raises(trial_pods.TrialPodsFailed, match="need the step's pod"):
             trial_pods.ClusterTrialWorkers(cluster_job_settings(PipelineConfig()), "step",
                                            "s3://bucket/x", 600)  # fmt: skip
+    finally:
+        stand_in.close()
+
+
+def test_a_trial_pod_past_its_deadline_is_ended_and_a_misspelled_field_refused(
+    monkeypatch, tmp_path
+):
+    """The two pod rules of the API server and kubelet the search counts on: a pod past
+    `activeDeadlineSeconds` (the search's budget) is killed and says why, and a field the
+    Pod does not have is refused (fieldValidation=Strict), not dropped."""
+    from kubernetes.client.exceptions import ApiException
+
+    config = PipelineConfig()
+    secrets = {config.credentials_secret: {key: "unused" for key in SECRET_KEYS}}
+    stand_in = KubeStandIn(tmp_path, NAMESPACE, secrets=secrets, operators=())
+    uid = str(uuid.uuid4())
+    stand_in.add_step_pod(STEP_POD, uid)
+    for name, value in {"KFP_POD_NAME": STEP_POD, "KFP_POD_UID": uid,
+                        "KUBECONFIG": str(stand_in.kubeconfig)}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    try:
+        workers = trial_pods.ClusterTrialWorkers(cluster_job_settings(config), "step",
+                                                 str(tmp_path / "search"), deadline_seconds=2,
+                                                 refresh_seconds=0.1)  # fmt: skip
+        workers.start("tuner0", {"TFX_SEARCH_JOB": str(tmp_path / "no-job.json")})
+        deadline = time.monotonic() + 30
+        while workers.exit_codes()["tuner0"] is None:
+            assert time.monotonic() < deadline, "the pod outlived its deadline"
+            time.sleep(0.2)
+        how = workers.how_it_ended("tuner0")
+        assert "(DeadlineExceeded: Pod was active on the node longer than the specified " \
+               "deadline)" in how, how  # fmt: skip
+        assert not processes.running(trial_pods.TRIAL_MODULE)
+
+        body = trial_pods.trial_pod("misspelled", NAMESPACE, cluster_job_settings(config),
+                                    ["python", "-c", "pass"], {}, {}, 60)  # fmt: skip
+        body["spec"]["containers"][0]["imagePullPolicyy"] = "IfNotPresent"
+        with pytest.raises(ApiException) as refused:
+            workers.api.create(body)
+        assert refused.value.status == 400
+        message = json.loads(refused.value.body)["message"]
+        assert message.endswith(
+            'strict decoding error: unknown field "spec.containers[0].imagePullPolicyy"'
+        ), message
+        assert "misspelled" not in stand_in.pods
     finally:
         stand_in.close()

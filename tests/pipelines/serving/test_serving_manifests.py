@@ -32,9 +32,10 @@ from pipelines.cli import build_parser, cmd_serving_sync
 from pipelines.serving import metrics as serving_metrics
 from pipelines.serving import tf_serving_protos
 from pipelines.serving.batching import load_parameters
+from tests.stand_ins.kube_schema import CORE_SWAGGER, core_definitions
 
 SCHEMAS = REPO_ROOT / "tests" / "stand_ins" / "schemas"
-K8S_SWAGGER = SCHEMAS / "kubernetes-1.29-swagger.json.gz"
+K8S_SWAGGER = CORE_SWAGGER  # Kubernetes 1.29's definitions
 KSERVE_CRD = SCHEMAS / "kserve-v0.13.1-inferenceservices-crd.yaml.gz"
 ISTIO_CRDS = SCHEMAS / "istio-1.28.0-crds.yaml.gz"
 SERVING = REPO_ROOT / "kubeflow" / "serving"
@@ -116,11 +117,11 @@ def _api_version(group: str, version: str) -> str:
 
 @functools.cache
 def kubernetes_definitions() -> dict[str, dict]:
-    swagger = json.loads(gzip.decompress(K8S_SWAGGER.read_bytes()))
-    definitions = {name: strict(d, crd=False) for name, d in swagger["definitions"].items()}
+    raw = core_definitions()
+    definitions = {name: strict(d, crd=False) for name, d in raw.items()}
     definitions[QUANTITY] = {"anyOf": [{"type": "string"}, {"type": "number"}]}
     for name, definition in definitions.items():
-        kinds = swagger["definitions"][name].get("x-kubernetes-group-version-kind", [])
+        kinds = raw[name].get("x-kubernetes-group-version-kind", [])
         if len(kinds) == 1 and "kind" in definition.get("properties", {}):
             (gvk,) = kinds
             api_version = _api_version(gvk["group"], gvk["version"])
