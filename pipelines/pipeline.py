@@ -119,6 +119,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
     # Every later step runs only when the selected spans are new to the model (or force=1). On
     # Kubeflow this becomes each task's triggerPolicy.condition, evaluated by the 2.5 driver.
     with tfx.dsl.Cond(is_new_data):
+        schema = CuratedSchema(schema_path(use_case)).with_id("CuratedSchema")
         example_gen = SpanExampleGen(
             selection=select_spans.outputs["selection"],
             input_base=param["data_root"],
@@ -128,8 +129,9 @@ def create_pipeline(config: PipelineConfig, metadata_connection_config=None) -> 
             class_names=config.class_names,
             serving_root=param["serving_root"],
             model_name=param["model_name"],
+            # A CSV span's column types: read in one pass (components/steps/csv_examples.py).
+            schema=None if images else schema.outputs["schema"],
         ).with_id("ExampleGen")
-        schema = CuratedSchema(schema_path(use_case)).with_id("CuratedSchema")
         # Images: the schema marks the encoded image as bytes (image_domain), so TFDV gives it
         # byte-length statistics instead of counting every image as a distinct string
         # (tensorflow/tfx#1622). CSV statistics stay as they were (schema-less).

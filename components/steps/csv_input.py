@@ -139,9 +139,10 @@ class _Lines:
             raise _error(self.path, 0, problem, _AGAIN) from e
 
 
-def _records(path: str, encoding: str) -> Iterator[list[str]]:
-    """The file's header (names stripped of spaces), then its data rows, checked as they stream
-    by. Each row is handed out once the next one is read, so that the last is checked apart."""
+def _records(path: str, encoding: str) -> Iterator:
+    """The file's header (names stripped of spaces), then its data rows as (line, row), checked
+    as they stream by. Each row is handed out once the next one is read, so that the last is
+    checked apart."""
     lines = _Lines(path, encoding)
     reader = csv.reader(lines, strict=True)  # strict: a quote still open at the end is an error
     header: list[str] = []
@@ -161,7 +162,7 @@ def _records(path: str, encoding: str) -> Iterator[list[str]]:
             else:
                 if last is not None:
                     _check_width(path, last_line, last, header)
-                    yield last
+                    yield last_line, last
                 last, last_line = row, line
     except csv.Error as e:
         problem = "ends inside a quoted field" if "end of data" in str(e) else "is not valid CSV"
@@ -175,7 +176,7 @@ def _records(path: str, encoding: str) -> Iterator[list[str]]:
         fix = f"{_AGAIN}; if the row is complete, end the file with a newline"
         raise _error(path, last_line, f"the last row is cut off: {' and '.join(cut)}", fix)
     _check_width(path, last_line, last, header)
-    yield last
+    yield last_line, last
 
 
 def _checked_header(path: str, line: int, row: list[str]) -> list[str]:
@@ -204,9 +205,10 @@ def _check_same_columns(first: str, columns: list[str], path: str, header: list[
         )
 
 
-def check_csv_files(paths: list[str], encoding: str = "utf-8") -> list[str]:
+def check_csv_files(paths: list[str], encoding: str = "utf-8", rows: bool = True) -> list[str]:
     """Reads every file once, start to end, and returns the first file's header: the column
-    order the examples get. Raises CsvInputError on the first problem found."""
+    order the examples get. Raises CsvInputError on the first problem found. `rows=False`
+    checks only up to each file's header (its rows are checked as they are read)."""
     try:
         codecs.lookup(encoding)
     except LookupError as e:
@@ -217,10 +219,14 @@ def check_csv_files(paths: list[str], encoding: str = "utf-8") -> list[str]:
     columns: list[str] = []
     for path in paths:
         records = _records(path, encoding)
-        header = next(records)
-        columns = columns or header
-        _check_same_columns(paths[0], columns, path, header)
-        collections.deque(records, maxlen=0)  # every row, for the checks; none kept
+        try:
+            header = next(records)
+            columns = columns or header
+            _check_same_columns(paths[0], columns, path, header)
+            if rows:
+                collections.deque(records, maxlen=0)  # every row, for the checks; none kept
+        finally:
+            records.close()
     return columns
 
 
@@ -231,9 +237,25 @@ def first_rows(path: str, limit: int, encoding: str = "utf-8") -> list[dict[str,
     records = _records(path, encoding)
     try:
         header = next(records)
-        return [dict(zip(header, row, strict=True)) for row in itertools.islice(records, limit)]
+        return [dict(zip(header, row, strict=True))
+                for _, row in itertools.islice(records, limit)]  # fmt: skip
     finally:
         records.close()
+
+
+def numbered_rows(path: str, columns: list[str], encoding: str = "utf-8") -> Iterator:
+    """Every data row of the file as (line, cells in `columns`' order), checked as
+    check_csv_files checks, so that a file replaced since that check still fails clearly."""
+    records = _records(path, encoding)
+    header = next(records)
+    checked = "the files checked before reading (was it replaced since?)"
+    _check_same_columns(checked, columns, path, header)
+    order = [header.index(name) for name in columns]
+    if order == list(range(len(columns))):
+        yield from records
+    else:
+        for line, row in records:
+            yield line, [row[i] for i in order]
 
 
 @beam.typehints.with_input_types(str)
@@ -243,13 +265,8 @@ class _ReadRows(beam.DoFn):
         self._columns, self._encoding = columns, encoding
 
     def process(self, path: str) -> Iterator[list[bytes]]:
-        records = _records(path, self._encoding)
-        header = next(records)
-        checked = "the files checked before reading (was it replaced since?)"
-        _check_same_columns(checked, self._columns, path, header)
-        order = [header.index(name) for name in self._columns]
-        for row in records:  # cells as tfx_bsl's ParseCSVLine makes them: UTF-8 bytes
-            yield [row[i].encode() for i in order]
+        for _, row in numbered_rows(path, self._columns, self._encoding):
+            yield [cell.encode() for cell in row]  # as tfx_bsl's ParseCSVLine makes them
 
 
 class ReadCsvRecords(beam.PTransform):

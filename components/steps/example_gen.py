@@ -19,6 +19,8 @@ import tempfile
 from typing import Any
 
 import apache_beam as beam
+from google.protobuf import text_format
+from tensorflow_metadata.proto.v0 import schema_pb2
 from tfx import types
 from tfx.components.example_gen import write_split
 from tfx.components.example_gen.csv_example_gen import executor as csv_executor
@@ -27,11 +29,11 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 from tfx.types.standard_component_specs import FileBasedExampleGenSpec
-from tfx.utils import proto_utils
+from tfx.utils import io_utils, proto_utils
 from tfx_bsl.coders import csv_decoder
 
 from components.base import spans, storage
-from components.steps import csv_input, image_input
+from components.steps import csv_examples, csv_input, image_input
 from components.steps.span_selection import ExampleGenInputError, SpanSelection, read_selection
 
 __all__ = ["ExampleGenInputError", "SpanExampleGen"]
@@ -73,6 +75,16 @@ def _files_to_example(exec_properties: dict[str, Any], split_pattern: str) -> be
     return image_input.ImageFilesToExample(exec_properties, split_pattern)
 
 
+def cause_of(error: BaseException, kind: type) -> BaseException | None:
+    """The first error of `kind` in the chain of causes (Beam wraps a DoFn's), else None."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 # Custom property of the examples: the model's classes (JSON list, label-index order) when they
 # come from the data (image folders).
 CLASS_NAMES_KEY = "class_names"
@@ -87,7 +99,8 @@ class Executor(csv_executor.Executor):
         newest, older = selection["span"], sorted(set(selection["spans"]) - {selection["span"]})
         if (exec_properties.get("input_format") or spans.CSV) == spans.CSV:
             exec_properties = self._csv_properties(selection, newest, older, exec_properties)
-            super().Do(input_dict, output_dict, exec_properties)
+            if not self._write_typed_by_schema(input_dict, output_dict, exec_properties):
+                super().Do(input_dict, output_dict, exec_properties)
         else:
             self._read_images(input_dict, output_dict, exec_properties, selection, newest, older)
         examples = artifact_utils.get_single_instance(output_dict["examples"])
@@ -100,9 +113,9 @@ class Executor(csv_executor.Executor):
     def _csv_properties(selection, newest: int, older: list[int], exec_properties) -> dict:
         files = [path for n in [newest, *older] for path in selection["spans"][n]["files"]]
         encoding = exec_properties.get("input_encoding") or "utf-8"
-        # Every file read to its end before Beam starts: a bad file stops the step with its name,
-        # line and problem, not with an error from inside Beam.
-        columns = csv_input.check_csv_files(files, encoding)
+        # Each file's start (its encoding, its header, the column sets) checked before Beam
+        # starts; its rows as the read streams them, with the same checks and messages.
+        columns = csv_input.check_csv_files(files, encoding, rows=False)
         window = f" and older spans {older} for training" if older else ""
         _log.info("ExampleGen: reading span %d%s (%d files)", newest, window, len(files))
         return dict(
@@ -112,6 +125,53 @@ class Executor(csv_executor.Executor):
             _resolved_columns=columns,
             _input_encoding=encoding,
         )
+
+    def _write_typed_by_schema(self, input_dict, output_dict, exec_properties) -> bool:
+        """The span's examples typed by the curated schema, in one streamed pass
+        (components/steps/csv_examples.py); False, with nothing written, when the step has no
+        schema, the schema lacks a column, or a cell does not fit its column's type: the span
+        is then read with types inferred from the data."""
+        if not input_dict.get("schema"):
+            return False
+        schema_dir = artifact_utils.get_single_uri(input_dict["schema"])
+        schema = text_format.Parse(
+            storage.read_bytes(io_utils.get_only_uri_in_dir(schema_dir)).decode(),
+            schema_pb2.Schema(),
+        )
+        columns = exec_properties["_resolved_columns"]
+        types = csv_examples.schema_types(schema, columns)
+        if types is None:
+            missing = sorted(set(columns) - {f.name for f in schema.feature})
+            _log.info("ExampleGen: columns %s are not in the schema: their types are inferred "
+                      "from the data (two passes)", missing)  # fmt: skip
+            return False
+        output_config = example_gen_pb2.Output()
+        proto_utils.json_to_proto(exec_properties["output_config"], output_config)
+        splits = [(s.name, s.hash_buckets) for s in output_config.split_config.splits]
+        examples = artifact_utils.get_single_instance(output_dict["examples"])
+        files = [(path, True) for path in exec_properties["_resolved_files"]]
+        files += [(path, False) for path in exec_properties["_older_files"]]
+        try:
+            with self._make_beam_pipeline() as pipeline:
+                _ = pipeline | "WriteCsvExamples" >> csv_examples.WriteCsvExamples(
+                    files, columns, types, exec_properties["_input_encoding"], splits,
+                    examples.uri,
+                )  # fmt: skip
+        except Exception as error:
+            mismatch = cause_of(error, csv_examples.SchemaTypeMismatch)
+            if mismatch is None:
+                raise
+            _log.warning("ExampleGen: %s: reading the span with types inferred from the data, "
+                         "so that the ExampleValidator reports every difference from the "
+                         "schema", mismatch)  # fmt: skip
+            storage.delete_tree(examples.uri)
+            return False
+        examples.split_names = artifact_utils.encode_split_names([name for name, _ in splits])
+        examples_utils.set_payload_format(examples, exec_properties["output_data_format"])
+        examples_utils.set_file_format(
+            examples, write_split.to_file_format_str(exec_properties["output_file_format"])
+        )
+        return True
 
     def _read_images(self, input_dict, output_dict, exec_properties, selection, newest, older):
         """Checks the spans' layout and classes, writes the examples, then fails naming every
@@ -207,7 +267,11 @@ class SpanExampleGenSpec(types.ComponentSpec):
         "serving_root": component_spec.ExecutionParameter(type=str, optional=True),
         "model_name": component_spec.ExecutionParameter(type=str, optional=True),
     }
-    INPUTS = {"selection": component_spec.ChannelParameter(type=SpanSelection)}
+    INPUTS = {
+        "selection": component_spec.ChannelParameter(type=SpanSelection),
+        # The curated schema: a CSV span's column types (csv_examples.py), read in one pass.
+        "schema": component_spec.ChannelParameter(type=standard_artifacts.Schema, optional=True),
+    }
     OUTPUTS = FileBasedExampleGenSpec.OUTPUTS
 
 
@@ -224,7 +288,8 @@ class SpanExampleGen(base_component.BaseComponent):
                  input_encoding: str = "utf-8", eval_buckets: int = 1,
                  train_buckets: int = 4, input_format: str = spans.CSV,
                  input_options: dict | None = None, class_names: str = "",
-                 serving_root: str | Any = None, model_name: str | Any = None):  # fmt: skip
+                 serving_root: str | Any = None, model_name: str | Any = None,
+                 schema: types.BaseChannel | None = None):  # fmt: skip
         images = input_format == spans.IMAGE_FOLDERS
         output_config = example_gen_pb2.Output(
             split_config=example_gen_pb2.SplitConfig(
@@ -255,6 +320,7 @@ class SpanExampleGen(base_component.BaseComponent):
             input_encoding=input_encoding,
             **image_settings,
             selection=selection,
+            schema=schema,
             examples=types.Channel(type=standard_artifacts.Examples),
         )
         super().__init__(spec=spec)

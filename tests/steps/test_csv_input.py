@@ -10,6 +10,11 @@ decoding of the plain rows. Refused, each with a message naming the file, the li
 known, the problem and the fix: undecodable text, a cut-off last row, binary or compressed data
 under a `.csv` name, a repeated header, an empty file, a header without rows, differing column
 sets, and a file that changed between the check and the Beam read.
+
+The one-pass read typed by the schema (components/steps/csv_examples.py, ExampleGen's path for a
+span the curated schema covers) writes the same examples as the stock conversion, split by row
+whatever the column order, refuses every file above with the same message, and stops with
+SchemaTypeMismatch, naming the line and column, where a cell does not fit the schema's type.
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ import zipfile
 import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
+from google.protobuf import text_format
+from tensorflow_metadata.proto.v0 import schema_pb2
 from tfx.components.example_gen.csv_example_gen import executor as csv_executor
 from tfx_bsl.coders import csv_decoder
 
 from components.base import storage
+from components.base.config import REPO_ROOT
 from components.base.errors import ActionableError, actionable_cause
+from components.steps import csv_examples
 from components.steps.csv_input import CsvInputError, ReadCsvRecords, check_csv_files
-from components.steps.example_gen import CsvFilesToExample
+from components.steps.example_gen import CsvFilesToExample, cause_of
 from components.use_cases.taxi import data as taxi_data
 from components.use_cases.taxi.features import RAW_COLUMNS
 
@@ -309,3 +318,114 @@ def test_a_file_cut_off_after_the_check_stops_the_beam_read_with_the_same_messag
     cause = actionable_cause(raised.value)
     assert isinstance(cause, CsvInputError), repr(raised.value)
     assert str(cause).startswith(f"{path}, line {LAST}: the last row is cut off")
+
+
+# --------------------------------------------------------------------------------------------
+# The one-pass read typed by the schema
+# --------------------------------------------------------------------------------------------
+
+TAXI_SCHEMA = text_format.Parse(
+    (REPO_ROOT / "schemas" / "taxi" / "schema.pbtxt").read_text(), schema_pb2.Schema()
+)
+SPLITS = [("train", 4), ("eval", 1)]  # SpanExampleGen's
+
+
+def _write_examples(files: list[tuple[str, bool]], out: str, encoding: str = "utf-8") -> None:
+    columns = check_csv_files([path for path, _ in files], encoding, rows=False)
+    types = csv_examples.schema_types(TAXI_SCHEMA, columns)
+    with beam.Pipeline() as pipeline:
+        _ = pipeline | csv_examples.WriteCsvExamples(files, columns, types, encoding, SPLITS, out)
+
+
+def _written(out: str, tmp_path) -> dict[str, list]:
+    """Each split's examples, read back from its gzip TFRecord shards."""
+    import tensorflow as tf
+
+    local = tmp_path / "written"
+    storage.copy_tree(out, str(local))
+    return {
+        split: [tf.train.Example.FromString(record.numpy()) for record in tf.data.TFRecordDataset(
+            sorted(str(p) for p in (local / f"Split-{split}").iterdir()), "GZIP")]
+        for split, _ in SPLITS
+    }  # fmt: skip
+
+
+def test_the_one_pass_read_writes_the_stock_examples_split_by_row_in_any_column_order(
+    root, tmp_path
+):
+    frame = _frame(400)
+    frame.loc[2, "fare"] = None  # an empty cell: an empty list, as stock writes it
+    frame["trip_seconds"] = frame["trip_seconds"].astype(str)
+    frame.loc[3, "trip_seconds"] = " 301 "  # Arrow refuses the spaces; int() takes them
+    plain_text = _csv(frame)
+    files = [
+        _write(root, "a-plain.csv", plain_text.encode()),
+        _write(root, "b-bom.csv", b"\xef\xbb\xbf" + _csv(frame, newline="\r\n").encode()),
+        _write(root, "c-reordered.csv", _csv(frame, sorted(RAW_COLUMNS)).encode()),
+        _write(root, "d-gzip.csv.gz", gzip.compress(plain_text.encode())),
+    ]
+    out = storage.join(root, "examples")
+    _write_examples([(path, True) for path in files], out)
+
+    written = _written(out, tmp_path)
+    expected = sorted(_example_key(e) for e in _stock_examples(_rows(plain_text)))
+    both = written["train"] + written["eval"]
+    assert sorted(_example_key(e) for e in both) == sorted(expected * len(files))
+    # Every file splits each row as the first does, whatever its column order or encoding.
+    eval_keys = [_example_key(e) for e in written["eval"]]
+    assert all(eval_keys.count(key) == len(files) for key in eval_keys)
+    assert 0.1 < len(written["eval"]) / len(both) < 0.3  # one bucket of five
+
+
+def test_older_spans_go_to_train_whole(root, tmp_path):
+    newest = _write(root, "new.csv", _csv(_frame(200)).encode())
+    older = _write(root, "old.csv", _csv(taxi_data.generate_span(100, span=1)).encode())
+    out = storage.join(root, "examples")
+    _write_examples([(newest, True), (older, False)], out)
+
+    written = _written(out, tmp_path)
+    assert len(written["train"]) + len(written["eval"]) == 300
+    assert len(written["train"]) >= 100 + 120 and written["eval"]
+
+
+def test_a_cell_of_another_type_stops_the_one_pass_read_naming_its_line_and_column(root):
+    frame = _frame(20)
+    frame["trip_seconds"] = frame["trip_seconds"].astype(str)
+    frame.loc[5, "trip_seconds"] = "about ten minutes"  # row 5 is on line 8 (row 0 spans two)
+    path = _write(root, "part.csv", _csv(frame).encode())
+
+    with pytest.raises(Exception) as raised:
+        _write_examples([(path, True)], storage.join(root, "examples"))
+
+    mismatch = cause_of(raised.value, csv_examples.SchemaTypeMismatch)
+    assert mismatch is not None, repr(raised.value)
+    assert (mismatch.path, mismatch.line, mismatch.column) == (path, 8, "trip_seconds")
+    assert str(mismatch).endswith("holds 'about ten minutes', not the schema's INT")
+
+
+def test_a_column_the_schema_lacks_leaves_the_types_to_inference():
+    assert csv_examples.schema_types(TAXI_SCHEMA, [*RAW_COLUMNS, "tip_note"]) is None
+    assert set(csv_examples.schema_types(TAXI_SCHEMA, RAW_COLUMNS)) == set(RAW_COLUMNS)
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_the_one_pass_read_refuses_each_bad_file_with_the_same_message(root, case):
+    name, content, pieces = REFUSED[case]
+    path = _write(root, name, content)
+    columns = RAW_COLUMNS
+    types = csv_examples.schema_types(TAXI_SCHEMA, columns)
+
+    with pytest.raises(Exception) as raised:
+        with beam.Pipeline() as pipeline:
+            _ = pipeline | csv_examples.WriteCsvExamples(
+                [(path, True)], columns, types, "utf-8", SPLITS, storage.join(root, "examples")
+            )
+
+    cause = actionable_cause(raised.value)
+    assert isinstance(cause, CsvInputError), repr(raised.value)
+    with pytest.raises(CsvInputError) as checked:
+        check_csv_files([path])
+    # Beam re-raises a DoFn's error as its type with the step's name appended.
+    assert str(cause).startswith(str(checked.value)), (str(cause), str(checked.value))
+    for piece in pieces:
+        assert piece in str(cause)
