@@ -16,12 +16,14 @@ fails, the full traceback; an error on the console names that file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines, even in the log
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -39,29 +41,39 @@ from components.base.config import (  # noqa: E402
 )
 from components.base.errors import ActionableError, actionable_cause  # noqa: E402
 
+if TYPE_CHECKING:
+    from pipelines.local.run_phases import RunPhases
+
 
 def cmd_run(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines.local import embedded_store, local_runner, run_lock
+    from pipelines.local.run_phases import RunPhases
 
-    started = time.monotonic()
-    with (
-        run_lock.exclusive_run(args_line()),
-        embedded_store.object_store(config, keep=args.keep_store),
-    ):
-        local_runner.ensure_data(config)
-        unchanged = local_runner.nothing_new(config)
+    started, phases = time.monotonic(), RunPhases()
+    with contextlib.ExitStack() as held:
+        with phases.timed("run lock and object store start"):
+            held.enter_context(run_lock.exclusive_run(args_line()))
+            held.enter_context(embedded_store.object_store(config, keep=args.keep_store))
+        with phases.timed("storage library import (what the store's start left)"):
+            from components.base import storage  # noqa: F401  (timed apart: a fixed cost)
+        with phases.timed("data check (nothing new?)"):
+            local_runner.ensure_data(config)
+            unchanged = local_runner.nothing_new(config)
         if unchanged:  # the pipeline would skip every step: say so without loading TFX
             served = local_runner.latest_served(config)
             console.say(unchanged)
             if served:
                 console.say(f"Served: {served} (`tkp serve` answers predictions from it).")
         else:
-            _run_pipeline(args, config)
+            _run_pipeline(args, config, phases)
+        with phases.timed("object store stop"):
+            held.close()
+    phases.write(args.timings)
     console.say(f"\nDone in {time.monotonic() - started:.1f} s.")
     return 0
 
 
-def _run_pipeline(args: argparse.Namespace, config: PipelineConfig) -> None:
+def _run_pipeline(args: argparse.Namespace, config: PipelineConfig, phases: RunPhases) -> None:
     from components.base.use_case import load as load_use_case
     from pipelines import data
     from pipelines.local import local_runner
@@ -69,18 +81,20 @@ def _run_pipeline(args: argparse.Namespace, config: PipelineConfig) -> None:
     from pipelines.serving import samples
 
     console.say(f"Running pipeline {config.pipeline_name!r} (full log: {args.log_path}) ...")
-    summary = local_runner.run_pipeline(config, log_path=args.log_path, timings=args.timings)
-    console.say(format_summary(summary))
-    report = local_runner.save_report(summary.report_uri, args.log_path)
+    summary = local_runner.run_pipeline(config, args.log_path, args.timings, phases)
+    with phases.timed("summary and run report"):
+        console.say(format_summary(summary))
+        report = local_runner.save_report(summary.report_uri, args.log_path)
     if report:
         console.say(f"Report: {report} (what the Kubeflow UI shows of a run)")
-    served = summary.pushed_path or local_runner.latest_served(config)
-    if served and summary.span is not None:
-        span_dir = data.span_dir(config.data_root, summary.span)
-        lines = samples.sample_predictions(
-            served, span_dir, load_use_case(config.use_case), encoding=config.input_encoding
-        )
-        console.say("\n" + "\n".join(lines))
+    with phases.timed("sample predictions"):
+        served = summary.pushed_path or local_runner.latest_served(config)
+        if served and summary.span is not None:
+            span_dir = data.span_dir(config.data_root, summary.span)
+            lines = samples.sample_predictions(
+                served, span_dir, load_use_case(config.use_case), encoding=config.input_encoding
+            )
+            console.say("\n" + "\n".join(lines))
 
 
 def _span_size(args: argparse.Namespace, config: PipelineConfig) -> tuple[int, float]:
@@ -194,7 +208,7 @@ def cmd_serving_sync(args: argparse.Namespace, config: PipelineConfig) -> int:
 def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
     from pipelines.bench import suite as bench
 
-    sizes = [1_000] if args.tiny else args.sizes + ([1_000_000] if args.large else [])
+    sizes = [500, 1_000] if args.tiny else args.sizes + ([1_000_000] if args.large else [])
     rows = 2_000 if args.tiny else config.rows_per_span
     skip = set(args.skip or [])
     unknown = skip - set(bench.PARTS)
@@ -210,7 +224,7 @@ def cmd_bench(args: argparse.Namespace, config: PipelineConfig) -> int:
 
     results = bench.run(sizes, rows, args.repeats, args.tiny, skip, modes,
                         settings=parse_assignments(args.set or []), report_dir=args.report_dir,
-                        say=console.say)  # fmt: skip
+                        say=console.say, before_rev=args.before)  # fmt: skip
     console.say("\n" + bench_report.summary(results))
     console.say(f"Report: {args.report_dir / 'results.md'} (and results.json, time-per-step.png)")
     return 0
@@ -484,7 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave the embedded object store running; the next command reuses it",
     )
     run.add_argument("--timings", type=Path, metavar="JSON",
-                     help="also write each step's seconds and peak memory there")  # fmt: skip
+                     help="also write where the run's time went there (each step's seconds and "
+                     "peak memory, each phase's seconds)")  # fmt: skip
     span = add("add-span", cmd_add_span, "Generate the next data span into the data root.")
     span.add_argument("--rows", type=int, help="rows in the new span (default: rows_per_span)")
     span.add_argument("--drift", type=float, nargs="?", const=DEFAULT_DRIFT, metavar="STRENGTH",
@@ -611,6 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="parts to leave out (pipelines/bench/suite.py PARTS)")  # fmt: skip
     bench_all.add_argument("--beam-modes", type=lambda t: t.split(","), metavar="MODE,MODE",
                            help="Beam modes (pipelines/bench/suite.py BEAM_MODES)")  # fmt: skip
+    bench_all.add_argument("--before", default="", metavar="REV",
+                           help="the commit the `before` part measures side by side with this "
+                           "one (default: pipelines/bench/suite.py BEFORE)")  # fmt: skip
     bench_all.add_argument("--tiny", action="store_true",
                            help="every part on tiny data (the test's mode)")  # fmt: skip
     bench_all.add_argument("--report-dir", type=Path, default=REPO_ROOT / "bench",

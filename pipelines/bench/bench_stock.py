@@ -37,6 +37,7 @@ from tfx import v1 as tfx  # noqa: E402
 from components.base.config import PipelineConfig  # noqa: E402
 from components.base.use_case import load as load_use_case  # noqa: E402
 from components.steps.evaluation import eval_config  # noqa: E402
+from pipelines.bench.suite import TRAINING_RECORD  # noqa: E402
 from pipelines.pipeline import RUN_FN, trainer_config  # noqa: E402
 
 # Read only by our TunableTrainer's executor (the backup's place and age), never by run_fn.
@@ -168,7 +169,11 @@ def run_stock(
     total = time.monotonic() - started
     pushed = _pushed_destination(metadata_path, since_ms=started_ms)
     say(f"Stock TFX: {total:.1f} s in all; pushed: {pushed or 'no (not blessed)'}")
-    return {"steps": dict(steps), "total_seconds": total, "pushed": pushed}
+    # The same run_fn logs its record here as in ours: the steps it trained, for equal work.
+    found = TRAINING_RECORD.search(log_path.read_text()) if log_path.exists() else None
+    training_steps = json.loads(found.group(1))["steps"] if found else None
+    return {"steps": dict(steps), "total_seconds": total, "pushed": pushed,
+            "training_steps": training_steps}  # fmt: skip
 
 
 def _pushed_destination(metadata_path: str, since_ms: int) -> str | bool:

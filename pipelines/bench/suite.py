@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -53,6 +52,9 @@ BEAM_MODES = {
     "--environment_type=LOOPBACK,--pickle_library=cloudpickle",
 }
 BEAM_STEPS = ("StatisticsGen", "Transform", "Evaluator")
+# The commit before issue 30's changes (ExampleGen inferring types in two passes; no phases in
+# a run's timings): the "before" part's default side.
+BEFORE = "2be3c83"
 
 
 class Bench:
@@ -60,17 +62,18 @@ class Bench:
 
     def __init__(self, sizes: list[int], default_rows: int, repeats: int, tiny: bool,
                  beam_modes: tuple[str, ...], settings: dict[str, str] | None = None,
-                 say: Callable[[str], None] = print):  # fmt: skip
+                 say: Callable[[str], None] = print, before_rev: str = BEFORE):  # fmt: skip
         self.sizes, self.default_rows, self.repeats, self.tiny = sizes, default_rows, repeats, tiny
-        self.beam_modes = beam_modes
+        self.beam_modes, self.before_rev = beam_modes, before_rev
         self.say = say
         # Config fields for every run (tkp bench --set), over the tiny mode's.
         self.settings = {**(TINY if tiny else {}), **(settings or {})}
         self.results: dict[str, Any] = {}
 
     def run_cli(self, name: str, *args: str, settings: dict[str, str] | None = None,
-                fresh: bool = False) -> dict[str, Any]:  # fmt: skip
-        """`tkp ARGS` in work folder `name`; its wall time, output and (for run) step timings."""
+                fresh: bool = False, source: Path | None = None) -> dict[str, Any]:  # fmt: skip
+        """`tkp ARGS` in work folder `name`; its wall time, output and (for run) step timings and
+        phases. `source`: a checkout of another commit whose code runs instead (same venv)."""
         work = BENCH_WORK / name
         if fresh:
             shutil.rmtree(work, ignore_errors=True)
@@ -81,14 +84,21 @@ class Bench:
         sets = [f"--set={k}={v}" for k, v in {**self.settings, **(settings or {})}.items()]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env["PIPELINE_WORK_DIR"] = str(work)
-        seconds, output = self.stream(["-m", "pipelines.cli", *args, *extra, *sets], env)
-        steps = json.loads(timings.read_text()) if timings.exists() else {}
-        return {"wall_seconds": seconds, "steps": steps, "stdout": output}
+        if source:
+            env["PYTHONPATH"] = str(source)  # its packages before the venv's editable install
+        seconds, output = self.stream(["-m", "pipelines.cli", *args, *extra, *sets], env,
+                                      cwd=source)  # fmt: skip
+        timed = json.loads(timings.read_text()) if timings.exists() else {}
+        if timed and "steps" not in timed:  # an older commit's file: the steps alone
+            timed = {"steps": timed}
+        return {"wall_seconds": seconds, "steps": timed.get("steps", {}),
+                "phases": timed.get("phases", {}), "stdout": output}  # fmt: skip
 
-    def stream(self, python_args: list[str], env: dict | None = None) -> tuple[float, str]:
+    def stream(self, python_args: list[str], env: dict | None = None,
+               cwd: Path | None = None) -> tuple[float, str]:  # fmt: skip
         """Runs `python ARGS`; passes on its step lines as they come; (wall seconds, output)."""
         started = time.monotonic()
-        process = subprocess.Popen([sys.executable, *python_args], env=env, text=True,
+        process = subprocess.Popen([sys.executable, *python_args], env=env, text=True, cwd=cwd,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
         lines = []
         for line in process.stdout:
@@ -108,8 +118,8 @@ class Bench:
             self.say(f"end to end, {rows:,} rows ...")
             run = self.run_cli(f"rows-{rows}", "run", settings={"rows_per_span": str(rows)},
                                fresh=True)  # fmt: skip
-            run.pop("stdout")
             run["rows"] = rows
+            run["rows_read"] = rows_read(rows, run.pop("stdout"))
             self.say(f"  {run['wall_seconds']:.0f} s in all")
             runs[str(rows)] = run
         self.results["end_to_end"] = runs
@@ -126,7 +136,8 @@ class Bench:
             again = self.run_cli("default", "run", settings=rows)
             if "Nothing is trained or pushed" not in again["stdout"]:
                 raise RuntimeError(f"a run with nothing new trained:\n{again['stdout']}")
-            cached.append(again["wall_seconds"])
+            cached.append(again)
+        median = sorted(cached, key=lambda r: r["wall_seconds"])[len(cached) // 2]
         self.say("  a new span, then a run ...")
         self.run_cli("default", "add-span", settings=rows)
         new_span = self.run_cli("default", "run", settings=rows)
@@ -134,14 +145,46 @@ class Bench:
             "rows": self.default_rows,
             "first_wall_seconds": first["wall_seconds"],
             "first_steps": first["steps"],
-            "nothing_new_wall_seconds": statistics.median(cached),
-            "nothing_new_runs": cached,
-            "nothing_new_fraction": statistics.median(cached) / first["wall_seconds"],
+            "first_phases": first["phases"],
+            "first_rows_read": rows_read(self.default_rows, first["stdout"]),
+            "first_training_steps": training_steps(first["stdout"]),
+            "nothing_new_wall_seconds": median["wall_seconds"],
+            "nothing_new_phases": median["phases"],  # of the median run
+            "nothing_new_runs": [r["wall_seconds"] for r in cached],
+            "nothing_new_fraction": median["wall_seconds"] / first["wall_seconds"],
             "new_span_wall_seconds": new_span["wall_seconds"],
             "new_span_steps": new_span["steps"],
             "first_pushed": bool(PUSHED.search(first["stdout"])),
             "new_span_pushed": bool(PUSHED.search(new_span["stdout"])),
         }
+
+    def before(self) -> None:
+        """The same runs on the commit before this bench's changes (BEFORE, or --before), checked
+        out in a worktree of its own and run with this venv, side by side with this commit's:
+        a first run of the default rows and one of the largest size (the largest alone with
+        --tiny)."""
+        source = BENCH_WORK / "before-source"
+        _git("worktree", "remove", "--force", str(source), check=False)
+        shutil.rmtree(source, ignore_errors=True)
+        _git("worktree", "prune")
+        _git("worktree", "add", "--detach", str(source), self.before_rev)
+        try:
+            commit = _git("rev-parse", "--short", self.before_rev)
+            runs = {}
+            sizes = [max(self.sizes)] if self.tiny else sorted({self.default_rows, max(self.sizes)})
+            for rows in sizes:
+                self.say(f"before (commit {commit}), {rows:,} rows ...")
+                run = self.run_cli(f"before-rows-{rows}", "run", fresh=True, source=source,
+                                   settings={"rows_per_span": str(rows)})  # fmt: skip
+                run["rows"] = rows
+                run["rows_read"] = rows_read(rows, run.pop("stdout"))
+                run["rows_per_second"] = {
+                    s: run["rows_read"][s] / run["steps"][s]["seconds"] for s in DATA_STEPS
+                }
+                runs[str(rows)] = run
+            self.results["before"] = {"commit": commit, "runs": runs}
+        finally:
+            _git("worktree", "remove", "--force", str(source), check=False)
 
     def stock(self) -> None:
         """Stock TFX (pipelines/bench/bench_stock.py) on the default run's rows, from local
@@ -208,19 +251,42 @@ class Bench:
         self.results["serving"] = json.loads((folder / "serving.json").read_text())
 
 
+EVAL_EXAMPLES = re.compile(r"^Evaluation \((\d+) eval examples\)", re.M)  # the run summary's
+TRAINING_STEPS = re.compile(r"^Training: (\d+) steps on ", re.M)
+
+
+def rows_read(rows: int, stdout: str) -> dict[str, int]:
+    """The examples each data step reads: ExampleGen, StatisticsGen and Transform the whole span
+    (train and eval), the Evaluator the eval split, as its metrics count them (the run summary's
+    "Evaluation (N eval examples)")."""
+    found = EVAL_EXAMPLES.search(stdout)
+    if not found:
+        raise RuntimeError(f"the run printed no evaluation line:\n{stdout[-3000:]}")
+    return {"ExampleGen": rows, "StatisticsGen": rows, "Transform": rows,
+            "Evaluator": int(found.group(1))}  # fmt: skip
+
+
+def training_steps(stdout: str) -> int | None:
+    """The steps the Trainer trained, from the run summary's "Training: N steps" line."""
+    found = TRAINING_STEPS.search(stdout)
+    return int(found.group(1)) if found else None
+
+
 def derive_end_to_end(results: dict, bench_work: Path, config: PipelineConfig) -> None:
     """Throughputs and the cost-per-row ratio from the end-to-end runs (their timings and logs).
 
-    ExampleGen, StatisticsGen, Transform and Evaluator: rows of the span per second of the step
-    (the Evaluator reads the eval split, a fifth of them). Trainer: training examples per second
-    of the step, set-up and export included (steps x global batch / seconds; the steps from the
-    Trainer's own record in the run's log), as it trains a fixed number of steps whatever the
-    rows. Cost per row: the largest size against 100,000 rows when both ran, else against the
-    next smaller size; over the data steps, whose work grows with the rows."""
+    ExampleGen, StatisticsGen, Transform and Evaluator: the rows each reads (rows_read) per
+    second of the step. Trainer: training examples per second of the step, set-up and export
+    included (steps x global batch / seconds; the steps from the Trainer's own record in the
+    run's log), as it trains a set number of steps whatever the rows. Cost per row: seconds per
+    row read at the largest size over the same at 100,000 rows when both ran, else at the next
+    smaller size; for each data step and for the four together (their seconds over the span's
+    rows)."""
     runs = results["end_to_end"]
     for key, run in runs.items():
-        rows = run["rows"]
-        run["rows_per_second"] = {s: rows / run["steps"][s]["seconds"] for s in DATA_STEPS}
+        run["rows_per_second"] = {
+            s: run["rows_read"][s] / run["steps"][s]["seconds"] for s in DATA_STEPS
+        }
         logs = sorted((bench_work / f"rows-{key}" / "logs").glob("run-*.log"))
         found = TRAINING_RECORD.search(logs[-1].read_text()) if logs else None
         if found:
@@ -236,13 +302,20 @@ def derive_end_to_end(results: dict, bench_work: Path, config: PipelineConfig) -
     large = sizes[-1]
     small = 100_000 if 100_000 in sizes[:-1] else sizes[-2]
     a, b = runs[str(large)], runs[str(small)]
-    by_step = {s: (a["steps"][s]["seconds"] / large) / (b["steps"][s]["seconds"] / small)
-               for s in DATA_STEPS}  # fmt: skip
+    by_step = {s: (a["steps"][s]["seconds"] / a["rows_read"][s])
+               / (b["steps"][s]["seconds"] / b["rows_read"][s]) for s in DATA_STEPS}  # fmt: skip
     total = {
         n: sum(runs[str(n)]["steps"][s]["seconds"] for s in DATA_STEPS) for n in (large, small)
     }
     by_step["data steps"] = (total[large] / large) / (total[small] / small)
     results["cost_per_row_ratio"] = {"sizes": [small, large], "by_step": by_step}
+
+
+def _git(*args: str, check: bool = True) -> str:
+    done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+    if check and done.returncode:
+        raise RuntimeError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
 
 
 def _start_job_service() -> tuple[subprocess.Popen, str]:
@@ -267,16 +340,18 @@ def _start_job_service() -> tuple[subprocess.Popen, str]:
     raise RuntimeError("Beam's local job service did not listen within 60 s")
 
 
-PARTS = ("end_to_end", "default_run", "stock", "startup", "beam", "trainer_and_serving")
+PARTS = ("end_to_end", "default_run", "before", "stock", "startup", "beam", "trainer_and_serving")
 
 
 def run(sizes: list[int], default_rows: int, repeats: int, tiny: bool, skip: set[str],
         beam_modes: tuple[str, ...] = tuple(BEAM_MODES), settings: dict[str, str] | None = None,
-        report_dir: Path = REPORT_DIR, say: Callable[[str], None] = print) -> dict:  # fmt: skip
+        report_dir: Path = REPORT_DIR, say: Callable[[str], None] = print,
+        before_rev: str = "") -> dict:  # fmt: skip
     """Runs every part not in `skip`, in order, and writes the report; returns the results."""
     from pipelines.bench import bench_report
 
-    bench = Bench(sizes, default_rows, repeats, tiny, beam_modes, settings, say)
+    bench = Bench(sizes, default_rows, repeats, tiny, beam_modes, settings, say,
+                  before_rev or BEFORE)  # fmt: skip
     started = time.monotonic()
     for part in PARTS:
         if part in skip:
@@ -288,7 +363,7 @@ def run(sizes: list[int], default_rows: int, repeats: int, tiny: bool, skip: set
             f"(bench so far {time.monotonic() - started:.0f} s)")  # fmt: skip
     bench.results["settings"] = {
         "sizes": sizes, "default_rows": default_rows, "repeats": repeats, "tiny": tiny,
-        "skipped": sorted(skip), "config": bench.settings,
+        "skipped": sorted(skip), "config": bench.settings, "before": bench.before_rev,
         "bench_seconds": time.monotonic() - started,
     }  # fmt: skip
     bench_report.write(bench.results, report_dir)

@@ -7,7 +7,6 @@ sure there is data, runs the pipeline, and reads the outcome back from ML Metada
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from components.base import console
 from components.base.config import PipelineConfig
+from pipelines.local.run_phases import RunPhases
 
 if TYPE_CHECKING:
     from pipelines.run_summary import RunSummary
@@ -188,17 +188,46 @@ def logs_to_file(log_path: Path | None) -> Iterator[None]:
 
 
 def run_pipeline(
-    config: PipelineConfig, log_path: Path | None = None, timings: Path | None = None
+    config: PipelineConfig,
+    log_path: Path | None = None,
+    timings: Path | None = None,
+    phases: RunPhases | None = None,
 ) -> RunSummary:
     """Runs the pipeline once with LocalDagRunner (store and data must be in place); `timings`:
-    a JSON file to write each step's seconds and peak memory to (step_progress)."""
+    a JSON file to write each step's seconds and peak memory (step_progress) and `phases`' to,
+    also when a step fails."""
+    from pipelines.run_summary import last_execution_id, read_summary
+
+    phases = phases or RunPhases()
+    with phases.timed("TFX import and pipeline compilation"):
+        pipeline_ir, steps_in_dag, tfx = _compiled(config)
+    Path(config.metadata_path).parent.mkdir(parents=True, exist_ok=True)
+    last_execution = last_execution_id(config)
+    with (
+        logs_to_file(log_path),
+        step_progress(total=steps_in_dag) as steps,
+        _step_times_recorded(),
+    ):
+        phases.steps = steps
+        try:
+            with phases.timed("steps and the runner between them"):
+                tfx.orchestration.LocalDagRunner().run_with_ir(pipeline_ir)
+        finally:
+            phases.write(timings)
+    seconds = {node: step["seconds"] for node, step in steps.items()}
+    with phases.timed("summary and run report"):
+        return read_summary(config, after_execution=last_execution, seconds=seconds)
+
+
+def _compiled(config: PipelineConfig):
+    """The pipeline's IR with every run parameter bound to the config's value, its number of
+    steps, and tfx.v1."""
     from tfx import v1 as tfx  # heavy import (~20 s): only when a run is asked for
     from tfx.dsl.compiler import compiler
     from tfx.orchestration.portable import runtime_parameter_utils
 
     from components.steps.beam_dependencies import skip_tfx_package_for_local_workers
     from pipelines.pipeline import create_pipeline, run_parameter_values
-    from pipelines.run_summary import last_execution_id, read_summary
 
     pipeline = create_pipeline(
         config,
@@ -212,18 +241,4 @@ def run_pipeline(
     # (`if default_value:` in tfx/dsl/compiler/compiler_utils.py), so `span=0` or `min_auc=0`
     # would stop the run with "Parameter value not ready".
     runtime_parameter_utils.substitute_runtime_parameter(pipeline_ir, run_parameter_values(config))
-    Path(config.metadata_path).parent.mkdir(parents=True, exist_ok=True)
-    last_execution = last_execution_id(config)
-    with (
-        logs_to_file(log_path),
-        step_progress(total=len(pipeline.components)) as steps,
-        _step_times_recorded(),
-    ):
-        try:
-            tfx.orchestration.LocalDagRunner().run_with_ir(pipeline_ir)
-        finally:
-            if timings:
-                timings.parent.mkdir(parents=True, exist_ok=True)
-                timings.write_text(json.dumps(steps, indent=1))
-    seconds = {node: step["seconds"] for node, step in steps.items()}
-    return read_summary(config, after_execution=last_execution, seconds=seconds)
+    return pipeline_ir, len(pipeline.components), tfx

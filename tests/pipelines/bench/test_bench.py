@@ -13,6 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from components.base.config import REPO_ROOT, PipelineConfig, parse_assignments
 from components.steps.beam_dependencies import workers_are_local
+from pipelines.bench import bench_report
 from pipelines.bench.suite import TINY
 from tests.pipelines import cli_process
 
@@ -46,7 +47,7 @@ def test_the_readme_beam_options_are_known_to_beams_parser():
 def test_bench_tiny_runs_every_part_and_reports_it(tmp_path):
     report = tmp_path / "report"
     bench = cli_process.run(tmp_path, "bench", "--tiny", "--repeats", "1", "--skip", "beam",
-                            "--report-dir", str(report), timeout=1500)  # fmt: skip
+                            "--report-dir", str(report), timeout=1800)  # fmt: skip
     assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
     results = json.loads((report / "results.json").read_text())
     run = results["end_to_end"]["1000"]
@@ -54,6 +55,7 @@ def test_bench_tiny_runs_every_part_and_reports_it(tmp_path):
     assert run["training"]["steps"] == 40 and run["training"]["examples_per_second"] > 0
     assert all(step["seconds"] > 0 and step["ran"] for step in run["steps"].values())
     assert run["steps"]["Trainer"]["peak_gb"] > 0.2  # TensorFlow alone takes more
+    assert 0 < run["rows_read"]["Evaluator"] < run["rows_read"]["ExampleGen"] == 1000
     default = results["default_run"]
     # bench.TINY's gate refuses no model (it once kept the default max_auc_drop=0.01, and a
     # 40-step model fell 0.016 below the one before it): both runs push, whatever the training.
@@ -66,12 +68,126 @@ def test_bench_tiny_runs_every_part_and_reports_it(tmp_path):
     assert results["startup"]["steps"]
     assert results["trainer_input"] and results["serving"]
     markdown = (report / "results.md").read_text()
-    for heading in ("## End to end", "## The default run", "## Ours against stock TFX",
-                    "## Kubeflow step start-up", "## Trainer input and serving"):  # fmt: skip
+    for heading in ("## The aims", "## End to end", "## The default run",
+                    "## Ours against stock TFX", "## Before and after", "## Kubeflow step start-up",
+                    "## Trainer input and serving"):  # fmt: skip
         assert heading in markdown
     assert "## Beam runners" not in markdown  # skipped parts are not made up
     assert (report / "time-per-step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert re.search(r"commit [0-9a-f]{7}", markdown)
+    assert "RunReport" in markdown.split("## The aims")[0]  # the DAG it measured, every step
+    _check_derived_figures(results)
+    _check_every_number_is_measured(markdown, results)
+
+
+def _close(stated: float, computed: float, tolerance: float = 1e-6) -> bool:
+    return abs(stated - computed) <= tolerance * max(1.0, abs(computed))
+
+
+def _check_derived_figures(results: dict) -> None:
+    """Every ratio and throughput, recomputed from the raw seconds and counts."""
+    runs = results["end_to_end"]
+    for run in runs.values():
+        for step, rate in run["rows_per_second"].items():
+            assert _close(rate, run["rows_read"][step] / run["steps"][step]["seconds"]), step
+        training = run["training"]
+        assert _close(training["examples_per_second"], training["steps"]
+                      * training["global_batch"] / run["steps"]["Trainer"]["seconds"])  # fmt: skip
+    small, large = results["cost_per_row_ratio"]["sizes"]
+    a, b = runs[str(large)], runs[str(small)]
+    for step, ratio in results["cost_per_row_ratio"]["by_step"].items():
+        if step == "data steps":
+            continue
+        per_row = [r["steps"][step]["seconds"] / r["rows_read"][step] for r in (a, b)]
+        assert _close(ratio, per_row[0] / per_row[1]), step
+    default = results["default_run"]
+    assert default["nothing_new_wall_seconds"] in default["nothing_new_runs"]
+    assert _close(default["nothing_new_fraction"],
+                  default["nothing_new_wall_seconds"] / default["first_wall_seconds"])  # fmt: skip
+    for which in ("first", "nothing_new"):
+        accounted = default[f"{which}_accounting"]
+        parts = accounted["parts"]
+        assert _close(sum(parts.values()), default[f"{which}_wall_seconds"]), which
+        # Phases do not overlap, and exit is what is left: small, never negative.
+        assert 0 <= parts[bench_report.UNACCOUNTED] < 0.25 * accounted["wall_seconds"], parts
+        assert parts["process start and CLI imports"] > 0 and parts["object store stop"] >= 0
+    first = default["first_accounting"]["parts"]
+    assert _close(first["step Trainer"], default["first_steps"]["Trainer"]["seconds"])
+    assert first[bench_report.BETWEEN_STEPS] >= 0
+    compared = results["stock_comparison"]
+    assert compared["training_steps"] == {"ours": 40, "stock": 40, "equal": True}
+    for row in compared["steps"].values():
+        if row["ratio"] is not None:
+            assert _close(row["ratio"], row["ours"] / row["stock"])
+            assert min(row["ours"], row["stock"]) >= bench_report.RATIO_FLOOR_SECONDS
+    assert compared["steps"]["Trainer"]["ratio"] is not None
+    stated = [row["ratio"] for row in compared["steps"].values() if row["ratio"] is not None]
+    assert compared["ratio_range"] == [min(stated), max(stated)]
+    bare = results["startup"]["bare_import_tensorflow"]["seconds"]
+    for name, step in results["startup"]["steps"].items():
+        assert _close(step["ratio"], step["seconds"] / bare, tolerance=0.01), name
+    # The before side: the same 1,000 rows on an older commit, run in this bench run.
+    compared = results["before_after"]["1000"]
+    before, after = results["before"]["runs"]["1000"], runs["1000"]
+    assert _close(compared["wall"]["ratio"], after["wall_seconds"] / before["wall_seconds"])
+    for step, row in compared["steps"].items():
+        assert row["before"] == before["steps"][step]["seconds"], step
+        if row["ratio"] is not None:
+            assert _close(row["ratio"], after["steps"][step]["seconds"] / row["before"]), step
+    rate = compared["rows_per_second"]["ExampleGen"]
+    assert _close(rate["before"], 1000 / before["steps"]["ExampleGen"]["seconds"])
+    aims = {aim["aim"]: aim for aim in results["aims"]}
+    made = aims["first make run, wall seconds"]
+    assert made["figure"] == default["first_wall_seconds"]
+    assert made["met"] == (made["figure"] <= made["limit"])
+    worst = max(s["ratio"] for s in results["startup"]["steps"].values())
+    assert aims["Kubeflow step start-up over bare import tensorflow (each step)"]["figure"] == worst
+    # A tiny run has no 1M rows: that aim says "not measured", not a figure from elsewhere.
+    assert aims["ExampleGen rows/s at 1,000,000 rows or more"]["figure"] is None
+
+
+def _numbers(value) -> list[float]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)] + [
+            float(k) for k in value if re.fullmatch(r"\d+", str(k))
+        ]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return []
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)] + [str(k) for k in value]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _check_every_number_is_measured(markdown: str, results: dict) -> None:
+    """Each number in results.md is one of results.json's numbers as the report rounds it (a
+    number typed by hand into the report fails), text from results.json aside (the machine's
+    name, the step names, the settings' JSON)."""
+    known = _numbers(results)
+    text = markdown.replace(json.dumps(results.get("settings", {})), " ")
+    for string in sorted(set(_strings(results)), key=len, reverse=True):
+        if len(string) > 3:
+            text = text.replace(string, " ")
+    text = re.sub(r"[\w./-]*\.(png|py|json|md)\b|`[^`]*`|\d+-of-\d+", " ", text)
+    for match in re.finditer(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)(%?)", text):
+        token, percent = match.group(1).replace(",", ""), match.group(2)
+        decimals = len(token.split(".")[1]) if "." in token else 0
+        scale = 100 if percent else 1
+        assert any(f"{n * scale:.{decimals}f}" == token for n in known), (
+            f"results.md states {match.group(0)!r} (…{text[max(0, match.start() - 80):match.end()]}"
+            "), which is no figure of results.json"
+        )
 
 
 @pytest.mark.parametrize("mode", ["portable-job-api-loopback"])
