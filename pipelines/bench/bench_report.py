@@ -315,6 +315,27 @@ def tables(results: dict[str, Any]) -> str:
         if compared["ratio_range"]:
             low, high = compared["ratio_range"]
             out.append(f"\nPer step, ours / stock: {low:.2f} to {high:.2f}.\n")
+    images = results.get("images")
+    if images:
+        runs = images["end_to_end"]
+        sizes = sorted(runs, key=int)
+        out.append("\n## The images use case (images per span)\n\nSeconds per step, and images "
+                   "the step reads per second (the Evaluator: the eval split's); the Trainer: "
+                   "training images (steps x global batch) per second of the step."
+                   "\n\n")  # fmt: skip
+        steps = list(runs[sizes[0]]["steps"])
+        rows = [[step] + [f"{runs[n]['steps'][step]['seconds']:.1f}"
+                          + (f" ({runs[n]['rows_per_second'][step]:,.0f}/s)"
+                             if step in runs[n]["rows_per_second"] else "") for n in sizes]
+                for step in steps]  # fmt: skip
+        if all("training" in runs[n] for n in sizes):
+            rows.append(["Trainer (training images/s)"] + [
+                f"{runs[n]['training']['examples_per_second']:,.0f} "
+                f"({runs[n]['training']['steps']} steps)" for n in sizes])  # fmt: skip
+        rows.append(["Evaluator's eval images"]
+                    + [f"{runs[n]['rows_read']['Evaluator']:,}" for n in sizes])  # fmt: skip
+        rows.append(["**wall**"] + [f"**{runs[n]['wall_seconds']:.1f}**" for n in sizes])
+        out.append(_table(["step"] + [f"{int(n):,} images" for n in sizes], rows))
     compared = results.get("before_after")
     if compared:
         commit = results["before"]["commit"]

@@ -52,6 +52,8 @@ BEAM_MODES = {
     "--environment_type=LOOPBACK,--pickle_library=cloudpickle",
 }
 BEAM_STEPS = ("StatisticsGen", "Transform", "Evaluator")
+# Images per span of the images use case's two end-to-end runs (its default span: 1,200).
+IMAGE_SIZES, IMAGE_SIZES_TINY = (1_200, 4_800), (120, 240)
 # The commit before issue 30's changes (ExampleGen inferring types in two passes; no phases in
 # a run's timings): the "before" part's default side.
 BEFORE = "2be3c83"
@@ -236,6 +238,25 @@ class Bench:
             job_service[0].kill()
             job_service[0].wait()
 
+    def images(self) -> None:
+        """The images use case end to end at two sizes (images per span): each step's images
+        per second and the Trainer's training images per second, as derive_end_to_end gives
+        them for rows."""
+        sizes = IMAGE_SIZES_TINY if self.tiny else IMAGE_SIZES
+        runs = {}
+        for images in sizes:
+            self.say(f"images use case, {images:,} images ...")
+            settings = {"use_case": "images", "rows_per_span": str(images)}
+            run = self.run_cli(f"images-{images}", "run", fresh=True, settings=settings)
+            run["rows"] = images
+            run["rows_read"] = rows_read(images, run.pop("stdout"))
+            self.say(f"  {run['wall_seconds']:.0f} s in all")
+            runs[str(images)] = run
+        results = {"end_to_end": runs}
+        config = PipelineConfig.load({**self.settings, "use_case": "images"})
+        derive_end_to_end(results, BENCH_WORK, config, work_prefix="images-")
+        self.results["images"] = results
+
     def trainer_and_serving(self) -> None:
         """bench-input and bench-serving on the default run's outputs (`default` work folder)."""
         steps, repeats, requests = ("40", "3", "50") if self.tiny else ("300", "5", "400")
@@ -272,7 +293,8 @@ def training_steps(stdout: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def derive_end_to_end(results: dict, bench_work: Path, config: PipelineConfig) -> None:
+def derive_end_to_end(results: dict, bench_work: Path, config: PipelineConfig,
+                      work_prefix: str = "rows-") -> None:  # fmt: skip
     """Throughputs and the cost-per-row ratio from the end-to-end runs (their timings and logs).
 
     ExampleGen, StatisticsGen, Transform and Evaluator: the rows each reads (rows_read) per
@@ -287,7 +309,7 @@ def derive_end_to_end(results: dict, bench_work: Path, config: PipelineConfig) -
         run["rows_per_second"] = {
             s: run["rows_read"][s] / run["steps"][s]["seconds"] for s in DATA_STEPS
         }
-        logs = sorted((bench_work / f"rows-{key}" / "logs").glob("run-*.log"))
+        logs = sorted((bench_work / f"{work_prefix}{key}" / "logs").glob("run-*.log"))
         found = TRAINING_RECORD.search(logs[-1].read_text()) if logs else None
         if found:
             record = json.loads(found.group(1))
@@ -340,7 +362,8 @@ def _start_job_service() -> tuple[subprocess.Popen, str]:
     raise RuntimeError("Beam's local job service did not listen within 60 s")
 
 
-PARTS = ("end_to_end", "default_run", "before", "stock", "startup", "beam", "trainer_and_serving")
+PARTS = ("end_to_end", "default_run", "before", "stock", "images", "startup", "beam",
+         "trainer_and_serving")  # fmt: skip
 
 
 def run(sizes: list[int], default_rows: int, repeats: int, tiny: bool, skip: set[str],

@@ -69,8 +69,8 @@ def test_bench_tiny_runs_every_part_and_reports_it(tmp_path):
     assert results["trainer_input"] and results["serving"]
     markdown = (report / "results.md").read_text()
     for heading in ("## The aims", "## End to end", "## The default run",
-                    "## Ours against stock TFX", "## Before and after", "## Kubeflow step start-up",
-                    "## Trainer input and serving"):  # fmt: skip
+                    "## Ours against stock TFX", "## The images use case", "## Before and after",
+                    "## Kubeflow step start-up", "## Trainer input and serving"):  # fmt: skip
         assert heading in markdown
     assert "## Beam runners" not in markdown  # skipped parts are not made up
     assert (report / "time-per-step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -126,6 +126,13 @@ def _check_derived_figures(results: dict) -> None:
     bare = results["startup"]["bare_import_tensorflow"]["seconds"]
     for name, step in results["startup"]["steps"].items():
         assert _close(step["ratio"], step["seconds"] / bare, tolerance=0.01), name
+    for images in results["images"]["end_to_end"].values():  # two sizes, as for rows
+        for step, rate in images["rows_per_second"].items():
+            assert _close(rate, images["rows_read"][step] / images["steps"][step]["seconds"])
+        training, trainer = images["training"], images["steps"]["Trainer"]["seconds"]
+        assert training["steps"] == 40
+        rate = training["steps"] * training["global_batch"] / trainer
+        assert _close(training["examples_per_second"], rate)
     # The before side: the same 1,000 rows on an older commit, run in this bench run.
     compared = results["before_after"]["1000"]
     before, after = results["before"]["runs"]["1000"], runs["1000"]
