@@ -46,31 +46,63 @@ if TYPE_CHECKING:
 
 
 def cmd_run(args: argparse.Namespace, config: PipelineConfig) -> int:
-    from pipelines.local import embedded_store, local_runner, run_lock
+    from pipelines.local import embedded_store, run_lock, unchanged_store
     from pipelines.local.run_phases import RunPhases
 
     started, phases = time.monotonic(), RunPhases()
     with contextlib.ExitStack() as held:
-        with phases.timed("run lock and object store start"):
+        with phases.timed("run lock and nothing-new record"):
             held.enter_context(run_lock.exclusive_run(args_line()))
-            held.enter_context(embedded_store.object_store(config, keep=args.keep_store))
-        with phases.timed("storage library import (what the store's start left)"):
-            from components.base import storage  # noqa: F401  (timed apart: a fixed cost)
-        with phases.timed("data check (nothing new?)"):
-            local_runner.ensure_data(config)
-            unchanged = local_runner.nothing_new(config)
-        if unchanged:  # the pipeline would skip every step: say so without loading TFX
-            served = local_runner.latest_served(config)
-            console.say(unchanged)
-            if served:
-                console.say(f"Served: {served} (`tkp serve` answers predictions from it).")
+            recalled = (
+                None
+                if args.keep_store  # asks for a store left running: start it
+                else unchanged_store.recall(config, embedded_store.STORE_DIR)
+            )
+        if recalled:  # the store's folder is as a run that found nothing new left it
+            console.say("\n".join(recalled))
+            console.say("(Answered from the last run's record: the object store's folder has "
+                        "not changed since, so it was not started.)")  # fmt: skip
         else:
-            _run_pipeline(args, config, phases)
-        with phases.timed("object store stop"):
-            held.close()
+            answer = _check_and_run(args, config, phases, held)
+            if answer is not None:  # the store has stopped: its folder as the next run finds it
+                unchanged_store.remember(config, embedded_store.STORE_DIR, answer)
     phases.write(args.timings)
     console.say(f"\nDone in {time.monotonic() - started:.1f} s.")
     return 0
+
+
+def _check_and_run(args: argparse.Namespace, config: PipelineConfig, phases: RunPhases,
+                   held: contextlib.ExitStack) -> list[str] | None:  # fmt: skip
+    """Starts the store, runs the pipeline unless nothing is new, stops the store; returns what a
+    run with nothing new prints, when that is the answer now (the next run's record)."""
+    from pipelines.local import embedded_store, local_runner
+
+    with phases.timed("object store start"):
+        store = held.enter_context(embedded_store.object_store(config, keep=args.keep_store))
+    with phases.timed("storage library import (what the store's start left)"):
+        from components.base import storage  # noqa: F401  (timed apart: a fixed cost)
+    with phases.timed("data check (nothing new?)"):
+        local_runner.ensure_data(config)
+        unchanged = local_runner.nothing_new(config)
+    if unchanged:  # the pipeline would skip every step: say so without loading TFX
+        answer = _nothing_new_lines(config, unchanged)
+        console.say("\n".join(answer))
+    else:
+        _run_pipeline(args, config, phases)
+        with phases.timed("data check after the run (the next run's record)"):
+            unchanged = local_runner.nothing_new(config)
+            answer = _nothing_new_lines(config, unchanged) if unchanged else None
+    with phases.timed("object store stop"):
+        held.close()
+    return answer if store.kind in ("started", "reused") else None
+
+
+def _nothing_new_lines(config: PipelineConfig, reason: str) -> list[str]:
+    from pipelines.local import local_runner
+
+    served = local_runner.latest_served(config)
+    return [reason] + ([f"Served: {served} (`tkp serve` answers predictions from it)."]
+                       if served else [])  # fmt: skip
 
 
 def _run_pipeline(args: argparse.Namespace, config: PipelineConfig, phases: RunPhases) -> None:

@@ -1,5 +1,9 @@
 """Object-storage helpers on Beam's FileSystems: `s3://`, `gs://` and local paths, one code path.
 
+Beam is imported on first use (`beam_filesystems`), not with this module: listing and reading
+`s3://` objects go through boto3 alone (s3_listing.py), so a run that only checks for new data
+never pays Beam's import (about 2 s).
+
 Beam reads S3 through boto3, which takes its endpoint and credentials from the environment
 (`AWS_ENDPOINT_URL_S3`, `AWS_ACCESS_KEY_ID`, ...): nothing secret is passed as an argument, so
 nothing secret lands in MLMD, logs or a compiled spec. TensorFlow's own `s3://` client is not used
@@ -13,19 +17,41 @@ import os
 import posixpath
 import re
 import shutil
+import sys
 import time
 from typing import NamedTuple
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
 from boto3.s3.transfer import TransferConfig
 
 # Re-exported: callers catch storage.StorageError and ask storage.unreachable(error).
 from components.base.store_errors import StorageError, store_error, unreachable
 
-if FileSystems._pipeline_options is None:  # Beam's S3 client refuses to start without options
-    FileSystems.set_options(PipelineOptions([]))
+_BEAM_READY = []  # [True] once beam_filesystems() has set Beam's file systems up
+
+
+def beam_filesystems():
+    """Beam's FileSystems, imported and set up on the first call: options (its S3 client refuses
+    to start without), and the three fixes below. Every process that runs a step calls it before
+    its first read or write (components/steps/__init__.py), so TFX's and Beam's own S3 calls have
+    the fixes too."""
+    from apache_beam.io.filesystems import FileSystems
+
+    if not _BEAM_READY:
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        if FileSystems._pipeline_options is None:
+            FileSystems.set_options(PipelineOptions([]))
+        _reuse_boto3_clients()
+        _no_long_retries_without_an_answer()
+        _anonymous_towards_a_gcs_emulator()
+        _BEAM_READY.append(True)
+    return FileSystems
+
+
+def _uncompressed():
+    from apache_beam.io.filesystem import CompressionTypes
+
+    return CompressionTypes.UNCOMPRESSED
 
 
 def _reuse_boto3_clients() -> None:
@@ -34,6 +60,7 @@ def _reuse_boto3_clients() -> None:
     client is thread-safe and depends only on its settings and the AWS_* environment it was
     built in, so one client per such key is kept and shared."""
     from apache_beam.io.aws.clients.s3 import boto3_client
+    from apache_beam.options.pipeline_options import PipelineOptions
 
     if getattr(boto3_client.Client, "_reused", False) or boto3_client.boto3 is None:
         return
@@ -53,9 +80,6 @@ def _reuse_boto3_clients() -> None:
 
     boto3_client.Client.__init__ = __init__
     boto3_client.Client._reused = True
-
-
-_reuse_boto3_clients()
 
 
 def _no_long_retries_without_an_answer() -> None:
@@ -104,9 +128,6 @@ def _no_long_retries_without_an_answer() -> None:
     retry._answer_required = True
 
 
-_no_long_retries_without_an_answer()
-
-
 def _anonymous_towards_a_gcs_emulator() -> None:
     """With `STORAGE_EMULATOR_HOST` set (a GCS emulator: gcp-storage-emulator, fake-gcs-server),
     Beam's `gs://` client connects anonymously, as google-cloud-storage does on its own there.
@@ -123,9 +144,6 @@ def _anonymous_towards_a_gcs_emulator() -> None:
     with auth._Credentials._credentials_lock:
         auth._Credentials._credentials = None
         auth._Credentials._credentials_init = True
-
-
-_anonymous_towards_a_gcs_emulator()
 
 
 _MiB = 1024 * 1024
@@ -151,7 +169,7 @@ _TRANSFER_CONFIG.max_in_memory_upload_chunks = 2  # s3transfer's option; boto3's
 
 
 def join(*parts: str) -> str:
-    return posixpath.join(*parts) if "://" in parts[0] else FileSystems.join(*parts)
+    return posixpath.join(*parts) if "://" in parts[0] else os.path.join(*parts)
 
 
 def split_s3(uri: str) -> tuple[str, str]:
@@ -172,7 +190,12 @@ def list_file_infos(pattern: str) -> list[FileInfo]:
     Raises StorageError naming the pattern when the store cannot be read.
     """
     try:
-        result = FileSystems.match([pattern])[0]
+        if pattern.startswith("s3://"):
+            from components.base import s3_listing
+            from components.base.object_store import s3_client
+
+            return [FileInfo(*found) for found in s3_listing.match(s3_client(), pattern)]
+        result = beam_filesystems().match([pattern])[0]
     except Exception as e:  # Beam wraps boto3 errors in several exception types
         raise store_error(
             f"cannot list {pattern}",
@@ -199,7 +222,7 @@ def content_tags(folder: str) -> dict[str, str]:
         tags = {}
         for path in list_files(folder + "**"):
             digest = hashlib.sha256()
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            with beam_filesystems().open(path, compression_type=_uncompressed()) as f:
                 for block in iter(lambda: f.read(_MiB), b""):
                     digest.update(block)
             tags[path] = digest.hexdigest()
@@ -252,17 +275,21 @@ def numbered_children(parent: str, prefix: str = "") -> dict[int, str]:
 
 def open_stream(path: str):
     """`path` opened for reading as a stream, decompressed when its name says so (`.gz`)."""
+    from apache_beam.io.filesystem import CompressionTypes
+
     try:
-        return FileSystems.open(path, compression_type=CompressionTypes.AUTO)
+        return beam_filesystems().open(path, compression_type=CompressionTypes.AUTO)
     except Exception as e:  # Beam wraps boto3 errors in several exception types
         raise store_error(f"cannot read {path}", e) from e
 
 
 def read_bytes(path: str) -> bytes:
-    """The object's bytes. A missing object raises Beam's error (an OSError), as before; a store
-    that does not answer, a StorageError naming its endpoint."""
+    """The object's bytes. A missing object raises an OSError (FileNotFoundError on S3, Beam's
+    elsewhere); a store that does not answer, a StorageError naming its endpoint."""
+    if path.startswith("s3://"):
+        return read_object(path)
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with beam_filesystems().open(path, compression_type=_uncompressed()) as f:
             return f.read()
     except Exception as e:
         if unreachable(e):
@@ -272,8 +299,8 @@ def read_bytes(path: str) -> bytes:
 
 def read_object(path: str) -> bytes:
     """A whole object in one request, for many small ones (ExampleGen's images): on S3 one GET,
-    where read_bytes makes a HEAD and ranged GETs through Beam. FileNotFoundError when the object
-    does not exist; a StorageError naming the endpoint when the store does not answer."""
+    where Beam makes a HEAD and ranged GETs. FileNotFoundError when the object does not exist; a
+    StorageError naming the endpoint when the store does not answer."""
     if not path.startswith("s3://"):
         return read_bytes(path)
     from components.base.object_store import s3_client
@@ -309,7 +336,7 @@ def write_bytes(path: str, data: bytes) -> None:
             f.write(data)
         os.replace(partial, path)
         return
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with beam_filesystems().create(path, compression_type=_uncompressed()) as f:
         f.write(data)
 
 
@@ -385,7 +412,7 @@ def delete_files(paths: list[str]) -> None:
     if not paths:
         return
     try:
-        FileSystems.delete(paths)
+        beam_filesystems().delete(paths)
     except Exception as e:  # Beam raises BeamIOError listing each path it could not delete
         if "Not found" in str(e) or "NoSuchKey" in str(e) or "404" in str(e):
             return
@@ -408,7 +435,7 @@ def _open_source(path: str, client):
     if path.startswith("s3://"):
         bucket, key = split_s3(path)
         return client.get_object(Bucket=bucket, Key=key)["Body"]
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return beam_filesystems().open(path, compression_type=_uncompressed())
 
 
 def _copy_file(source: str, destination: str, client) -> None:
@@ -420,8 +447,8 @@ def _copy_file(source: str, destination: str, client) -> None:
                 bucket, key = split_s3(destination)
                 client.upload_fileobj(stream, bucket, key, Config=_TRANSFER_CONFIG)
             else:
-                compression = CompressionTypes.UNCOMPRESSED
-                with FileSystems.create(destination, compression_type=compression) as out:
+                create = beam_filesystems().create
+                with create(destination, compression_type=_uncompressed()) as out:
                     shutil.copyfileobj(stream, out, _COPY_BUFFER_BYTES)
     except Exception as e:  # boto3, s3transfer and Beam raise several exception types
         hint = (
@@ -453,3 +480,7 @@ def copy_tree(source_dir: str, destination_dir: str, last: str | None = None) ->
         relative = path[len(source_dir) :]
         _copy_file(path, join(destination_dir, relative), client)
     return len(files)
+
+
+if "apache_beam" in sys.modules:  # a Beam worker, or a process that imported Beam first
+    beam_filesystems()

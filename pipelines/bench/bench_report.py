@@ -83,6 +83,11 @@ def derive(results: dict[str, Any]) -> None:
         d["nothing_new_accounting"] = accounting(
             d["nothing_new_wall_seconds"], d.get("nothing_new_phases", {}), {}
         )
+        d["nothing_new_recalled_runs"] = sum(d.get("nothing_new_recalled", []))
+        if "nothing_new_checked_wall_seconds" in d:
+            d["nothing_new_checked_accounting"] = accounting(
+                d["nothing_new_checked_wall_seconds"], d["nothing_new_checked_phases"], {}
+            )
         if results.get("stock"):
             results["stock_comparison"] = stock_comparison(d, results["stock"])
     if results.get("before"):
@@ -117,6 +122,13 @@ def before_after(results: dict[str, Any]) -> dict:
         out[key] = {"steps": steps, "rows_per_second": rates, "peak_gb": peak,
                     "wall": {"before": old["wall_seconds"], "after": new["wall_seconds"],
                              "ratio": new["wall_seconds"] / old["wall_seconds"]}}  # fmt: skip
+    old_again, d = results["before"].get("nothing_new"), results.get("default_run")
+    if old_again and d:
+        out["nothing new"] = {
+            "before": old_again["wall_seconds"], "after": d["nothing_new_wall_seconds"],
+            "ratio": d["nothing_new_wall_seconds"] / old_again["wall_seconds"],
+            "after_checked": d.get("nothing_new_checked_wall_seconds"),
+        }  # fmt: skip
     return out
 
 
@@ -294,10 +306,19 @@ def tables(results: dict[str, Any]) -> str:
         out.append("\nWhere the wall time goes (seconds; each phase measured in the `tkp run` "
                    "process, the rest is the wall less them):\n\n")  # fmt: skip
         first, again = d["first_accounting"]["parts"], d["nothing_new_accounting"]["parts"]
-        names = list(dict.fromkeys([*first, *again]))
-        rows = [[name, _s(first.get(name)), _s(again.get(name))] for name in names]
-        rows.append(["**wall**", _s(d["first_wall_seconds"]), _s(d["nothing_new_wall_seconds"])])
-        out.append(_table(["part", "first run", "nothing new (the median run)"], rows))
+        checked = d.get("nothing_new_checked_accounting", {}).get("parts", {})
+        names = list(dict.fromkeys([*first, *again, *checked]))
+        rows = [[name, _s(first.get(name)), _s(again.get(name)), _s(checked.get(name))]
+                for name in names]  # fmt: skip
+        rows.append(["**wall**", _s(d["first_wall_seconds"]), _s(d["nothing_new_wall_seconds"]),
+                     _s(d.get("nothing_new_checked_wall_seconds"))])  # fmt: skip
+        recalled = d["nothing_new_recalled_runs"]
+        out.append(_table(["part", "first run", "nothing new (the median run)",
+                           "nothing new, the store started to check"], rows))  # fmt: skip
+        out.append(f"\n{recalled} of the {len(d['nothing_new_runs'])} runs with nothing new were "
+                   "answered from the last run's record, the object store not started (its folder"
+                   " unchanged since); the last column is the run after any other command "
+                   "started the store.\n")  # fmt: skip
     compared = results.get("stock_comparison")
     if compared:
         trained, floor = compared["training_steps"], compared["ratio_floor_seconds"]
@@ -341,7 +362,16 @@ def tables(results: dict[str, Any]) -> str:
         commit = results["before"]["commit"]
         out.append(f"\n## Before and after (commit {commit} against this one, both run in this "
                    "bench run)\n\n")  # fmt: skip
-        for key, c in sorted(compared.items(), key=lambda item: int(item[0])):
+        again = compared.get("nothing new")
+        if again:
+            rows = results["before"]["nothing_new"]["rows"]
+            out.append(f"A run with nothing new: {again['before']:.1f} s before ({rows:,} rows), "
+                       f"{again['after']:.1f} s after ({again['ratio']:.2f})"
+                       + (f"; {again['after_checked']:.1f} s after when the store must start to "
+                          "check" if again.get("after_checked") is not None else "")
+                       + ".\n\n")  # fmt: skip
+        sizes = [key for key in compared if key.isdigit()]
+        for key, c in sorted(((k, compared[k]) for k in sizes), key=lambda item: int(item[0])):
             out.append(f"{int(key):,} rows: wall {c['wall']['before']:.1f} s before, "
                        f"{c['wall']['after']:.1f} s after ({c['wall']['ratio']:.2f}); peak "
                        f"memory {c['peak_gb']['before']:.2f} GB before, "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from components.base.config import REPO_ROOT, SPEC_PATH, WORK_DIR, PipelineConfig
+from pipelines.local.unchanged_store import RECORD_NAME
 
 BENCH_WORK = WORK_DIR / "bench"
 REPORT_DIR = REPO_ROOT / "bench"
@@ -39,6 +40,7 @@ STEP_DONE = re.compile(r"\[\d+/\d+\] \w+ (finished in|FAILED after) ")
 # Steps whose work grows with the rows; the Trainer's is a fixed number of steps (train_steps).
 DATA_STEPS = ("ExampleGen", "StatisticsGen", "Transform", "Evaluator")
 PUSHED = re.compile(r"^Pushed: s3://", re.M)  # the run summary's line; "nothing pushed" otherwise
+RECALLED = "Answered from the last run's record"  # a run with nothing new, the store not started
 TRAINING_RECORD = re.compile(r"Training finished: (\{.*\})")
 BEAM_MODES = {
     "direct-in-memory": "--direct_running_mode=in_memory,--direct_num_workers=1,"
@@ -140,6 +142,13 @@ class Bench:
                 raise RuntimeError(f"a run with nothing new trained:\n{again['stdout']}")
             cached.append(again)
         median = sorted(cached, key=lambda r: r["wall_seconds"])[len(cached) // 2]
+        # The same without the last run's record (pipelines/local/unchanged_store.py), as after
+        # any command that started the store: the store starts and the data is checked.
+        self.say("  nothing new, the store started to check ...")
+        (BENCH_WORK / "default" / RECORD_NAME).unlink(missing_ok=True)
+        checked = self.run_cli("default", "run", settings=rows)
+        if "Nothing is trained or pushed" not in checked["stdout"]:
+            raise RuntimeError(f"a run with nothing new trained:\n{checked['stdout']}")
         self.say("  a new span, then a run ...")
         self.run_cli("default", "add-span", settings=rows)
         new_span = self.run_cli("default", "run", settings=rows)
@@ -154,6 +163,9 @@ class Bench:
             "nothing_new_phases": median["phases"],  # of the median run
             "nothing_new_runs": [r["wall_seconds"] for r in cached],
             "nothing_new_fraction": median["wall_seconds"] / first["wall_seconds"],
+            "nothing_new_recalled": [RECALLED in r["stdout"] for r in cached],
+            "nothing_new_checked_wall_seconds": checked["wall_seconds"],
+            "nothing_new_checked_phases": checked["phases"],
             "new_span_wall_seconds": new_span["wall_seconds"],
             "new_span_steps": new_span["steps"],
             "first_pushed": bool(PUSHED.search(first["stdout"])),
@@ -184,7 +196,18 @@ class Bench:
                     s: run["rows_read"][s] / run["steps"][s]["seconds"] for s in DATA_STEPS
                 }
                 runs[str(rows)] = run
-            self.results["before"] = {"commit": commit, "runs": runs}
+            # Its run with nothing new, after its first size's run (rows change nothing there).
+            self.say(f"before (commit {commit}), nothing new ...")
+            again = self.run_cli(f"before-rows-{sizes[0]}", "run", source=source,
+                                 settings={"rows_per_span": str(sizes[0])})  # fmt: skip
+            if "Nothing is trained or pushed" not in again["stdout"]:
+                raise RuntimeError(f"the before side's run with nothing new trained:\n"
+                                   f"{again['stdout']}")  # fmt: skip
+            self.results["before"] = {
+                "commit": commit, "runs": runs,
+                "nothing_new": {"rows": sizes[0], "wall_seconds": again["wall_seconds"],
+                                "phases": again["phases"]},
+            }  # fmt: skip
         finally:
             _git("worktree", "remove", "--force", str(source), check=False)
 

@@ -17,9 +17,10 @@ from components.base.config import WORK_DIR, PipelineConfig
 from components.base.object_store import EmbeddedObjectStore
 
 _log = logging.getLogger(__name__)
+STORE_DIR = WORK_DIR / "seaweedfs"  # the embedded store's folder in the work folder
 
-# What every command loads after the store answers (Beam's file systems, pandas, ~1.5 s): loaded
-# while the store starts (~2 s, spent waiting), in a thread, so a run with nothing new is quick.
+# What every command loads after the store answers (boto3, TF Serving's config protos): loaded
+# while the store starts (~3 s, spent waiting), in a thread, so a run with nothing new is quick.
 _AFTER_STORE_START = ("pipelines.data", "components.base.registry")
 
 
@@ -48,7 +49,7 @@ def object_store(config: PipelineConfig, keep: bool = False) -> Iterator[Store]:
     which the CLI turns into an exception, or SIGKILL, which drops the lease with the process);
     the server stops when the last lease is gone, unless `keep` (components/base/
     store_supervisor.py)."""
-    store = EmbeddedObjectStore(WORK_DIR / "seaweedfs")
+    store = EmbeddedObjectStore(STORE_DIR)
     configured = os.environ.get("AWS_ENDPOINT_URL_S3")
     recorded = store.read_pid_file()
     if configured and not (recorded and recorded[1] == configured.rstrip("/")):

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from components.base import object_store as object_store_module
-from components.base import storage
+from components.base import s3_listing, storage
 from components.base.launcher_paths import local_path
 from components.base.object_store import s3_client
 from tests.stand_ins.kfp_launcher import download
@@ -259,3 +259,33 @@ def test_a_failed_copy_names_the_source_and_the_destination(object_store, tmp_pa
         message = str(raised.value)
         assert storage.join(source_dir, "saved_model.pb") in message
         assert storage.join(destination, "saved_model.pb") in message
+
+
+# Beam's FileSystems.match rules (apache_beam/io/filesystem.py): "*" within a folder, "**" across,
+# "?", "[...]" and "[!...]", a trailing "/" as "/*", a pattern without a glob as one object.
+GLOBS = ["{root}/**", "{root}/*", "{root}/", "{root}/a/*.csv", "{root}/a/**", "{root}/[ab]/x?.csv",
+         "{root}/a/x1.csv", "{root}/a/missing.csv", "{root}/c*/**", "{root}/a/x[!1].csv",
+         "{root}/**.txt", "{root}"]  # fmt: skip
+
+
+def test_listing_s3_without_beam_finds_what_beams_match_finds(object_store):
+    """storage lists `s3://` through boto3 alone (s3_listing.py), so that a run with nothing new
+    never imports Beam: for every kind of pattern it finds the objects Beam's match finds, with
+    their sizes and times."""
+    bucket = object_store.new_bucket("glob")
+    keys = ["r/a/x1.csv", "r/a/x2.csv", "r/a/sub/x3.csv", "r/b/x1.csv", "r/c1/d/e.txt",
+            "r/top.txt", "r-other/a.csv", "r"]  # fmt: skip
+    for i, key in enumerate(keys):
+        s3_client().put_object(Bucket=bucket, Key=key, Body=b"x" * (i + 1))
+    beam = storage.beam_filesystems()
+    for glob in GLOBS:
+        pattern = glob.format(root=f"s3://{bucket}/r")
+        ours = s3_listing.match(s3_client(), pattern)
+        beams = sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
+                       for m in beam.match([pattern])[0].metadata_list)  # fmt: skip
+        assert [(p, size) for p, size, _ in ours] == [(p, size) for p, size, _ in beams], pattern
+        assert all(abs(a[2] - b[2]) < 1 for a, b in zip(ours, beams, strict=True)), pattern
+        assert [info.path for info in storage.list_file_infos(pattern)] == [p for p, *_ in ours]
+    assert len(s3_listing.match(s3_client(), f"s3://{bucket}/r/**")) == 6  # the test sees files
+    with pytest.raises(storage.StorageError, match="cannot list s3://no-such-bucket-here/"):
+        storage.list_files("s3://no-such-bucket-here/x/*")

@@ -151,6 +151,29 @@ def test_a_user_session_store_run_add_span_compile(tmp_path, monkeypatch, cli_in
         if kept_pid:
             assert wait_gone(kept_pid)
 
+    # The store stopped with its last user. A run with nothing new starts it, checks and records
+    # its answer; the next, with the folder as that run left it, answers without starting it.
+    checked = cli_process.run(tmp_path, "run", *run_settings)
+    recalled = cli_process.run(tmp_path, "run", *run_settings)
+    console += [checked.stdout, checked.stderr, recalled.stdout, recalled.stderr]
+    for nothing_new in (checked, recalled):
+        assert nothing_new.returncode == 0, nothing_new.stdout + nothing_new.stderr
+        assert "version 1 was pushed from it. Nothing is trained or pushed" in nothing_new.stdout
+        assert f"Served: s3://{BUCKET}/serving/taxi-tips/1 (`tkp serve`" in nothing_new.stdout
+    assert "Starting embedded object store" in checked.stdout
+    assert "Starting embedded object store" not in recalled.stdout, recalled.stdout
+    assert "Answered from the last run's record" in recalled.stdout
+    # Another config, or a store another command has written to since: checked again.
+    other = cli_process.run(tmp_path, "run", *run_settings, "--set", "min_auc=0.6")
+    added = cli_process.run(tmp_path, "add-span", "--rows", "50")
+    after_upload = cli_process.run(tmp_path, "run", *run_settings)
+    console += [other.stdout, added.stdout, after_upload.stdout]
+    assert added.returncode == 0, added.stdout + added.stderr
+    for checked_again in (other, after_upload):
+        assert checked_again.returncode == 0, checked_again.stdout + checked_again.stderr
+        assert "Starting embedded object store" in checked_again.stdout
+        assert "Nothing is trained or pushed" in checked_again.stdout
+
     spec = tmp_path / "spec.yaml"
     compiled = cli_process.run(tmp_path, "compile", "--output", str(spec))
     console += [compiled.stdout, compiled.stderr]
