@@ -1,8 +1,10 @@
-"""Object-storage helpers on Beam's FileSystems: `s3://`, `gs://` and local paths, one code path.
+"""Object-storage helpers: `s3://`, `gs://` and local paths behind one set of calls.
 
-Beam is imported on first use (`beam_filesystems`), not with this module: listing and reading
-`s3://` objects go through boto3 alone (s3_listing.py), so a run that only checks for new data
-never pays Beam's import (about 2 s).
+Beam is imported on first use (`beam_filesystems`), not with this module: `s3://` objects are
+listed, read and written through boto3 and local files through Python's own calls (path_globs.py
+keeps Beam's glob rules), so a run that only checks for new data, and a Kubeflow step that works
+on its local artifact copies without Beam, never pay Beam's import (about 2 s). Beam serves
+`gs://` and streamed reads of `s3://` objects.
 
 Beam reads S3 through boto3, which takes its endpoint and credentials from the environment
 (`AWS_ENDPOINT_URL_S3`, `AWS_ACCESS_KEY_ID`, ...): nothing secret is passed as an argument, so
@@ -22,6 +24,8 @@ import time
 from typing import NamedTuple
 
 from boto3.s3.transfer import TransferConfig
+
+from components.base import path_globs
 
 # Re-exported: callers catch storage.StorageError and ask storage.unreachable(error).
 from components.base.store_errors import StorageError, store_error, unreachable
@@ -191,10 +195,11 @@ def list_file_infos(pattern: str) -> list[FileInfo]:
     """
     try:
         if pattern.startswith("s3://"):
-            from components.base import s3_listing
             from components.base.object_store import s3_client
 
-            return [FileInfo(*found) for found in s3_listing.match(s3_client(), pattern)]
+            return [FileInfo(*found) for found in path_globs.match_s3(s3_client(), pattern)]
+        if "://" not in pattern:
+            return [FileInfo(*found) for found in path_globs.match_local(pattern)]
         result = beam_filesystems().match([pattern])[0]
     except Exception as e:  # Beam wraps boto3 errors in several exception types
         raise store_error(
@@ -222,7 +227,11 @@ def content_tags(folder: str) -> dict[str, str]:
         tags = {}
         for path in list_files(folder + "**"):
             digest = hashlib.sha256()
-            with beam_filesystems().open(path, compression_type=_uncompressed()) as f:
+            with (
+                open(path, "rb")
+                if "://" not in path
+                else beam_filesystems().open(path, compression_type=_uncompressed()) as f
+            ):
                 for block in iter(lambda: f.read(_MiB), b""):
                     digest.update(block)
             tags[path] = digest.hexdigest()
@@ -274,7 +283,12 @@ def numbered_children(parent: str, prefix: str = "") -> dict[int, str]:
 
 
 def open_stream(path: str):
-    """`path` opened for reading as a stream, decompressed when its name says so (`.gz`)."""
+    """`path` opened for reading as a stream, decompressed when its name says so (`.gz`, and on
+    other than local paths Beam's other compressions)."""
+    if "://" not in path and not re.search(r"\.(bz2|deflate|zst|zstd|lzma)$", path):
+        import gzip
+
+        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
     from apache_beam.io.filesystem import CompressionTypes
 
     try:
@@ -288,6 +302,9 @@ def read_bytes(path: str) -> bytes:
     elsewhere); a store that does not answer, a StorageError naming its endpoint."""
     if path.startswith("s3://"):
         return read_object(path)
+    if "://" not in path:
+        with open(path, "rb") as f:
+            return f.read()
     try:
         with beam_filesystems().open(path, compression_type=_uncompressed()) as f:
             return f.read()
@@ -411,6 +428,17 @@ def delete_files(paths: list[str]) -> None:
     """Deletes the given files (objects); a missing one is not an error."""
     if not paths:
         return
+    local = [path for path in paths if "://" not in path]
+    for path in local:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StorageError(f"cannot delete {path}: {e}") from e
+    paths = [path for path in paths if "://" in path]
+    if not paths:
+        return
     try:
         beam_filesystems().delete(paths)
     except Exception as e:  # Beam raises BeamIOError listing each path it could not delete
@@ -435,6 +463,8 @@ def _open_source(path: str, client):
     if path.startswith("s3://"):
         bucket, key = split_s3(path)
         return client.get_object(Bucket=bucket, Key=key)["Body"]
+    if "://" not in path:
+        return open(path, "rb")  # noqa: SIM115 (the caller's with-block closes it)
     return beam_filesystems().open(path, compression_type=_uncompressed())
 
 
@@ -446,6 +476,10 @@ def _copy_file(source: str, destination: str, client) -> None:
             if destination.startswith("s3://"):
                 bucket, key = split_s3(destination)
                 client.upload_fileobj(stream, bucket, key, Config=_TRANSFER_CONFIG)
+            elif "://" not in destination:
+                os.makedirs(os.path.dirname(os.path.abspath(destination)), exist_ok=True)
+                with open(destination, "wb") as out:
+                    shutil.copyfileobj(stream, out, _COPY_BUFFER_BYTES)
             else:
                 create = beam_filesystems().create
                 with create(destination, compression_type=_uncompressed()) as out:

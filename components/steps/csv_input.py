@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
+from components.base import storage
 from components.base.spans import ExampleGenInputError
 
 _CHUNK = 1 << 20  # bytes read at a time: a file's reader holds a few MiB, whatever its size
@@ -64,7 +64,9 @@ class _Lines:
 
     def __iter__(self) -> Iterator[str]:
         self.number = 0
-        with FileSystems.open(self.path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+        # Through storage: Beam's file systems with its fixes (components/base/storage.py).
+        files = storage.beam_filesystems()
+        with files.open(self.path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
             stream = self._uncompressed(raw)
             decoder = codecs.getincrementaldecoder(self.encoding)("strict")
             pending, first = "", True

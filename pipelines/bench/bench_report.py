@@ -357,6 +357,18 @@ def tables(results: dict[str, Any]) -> str:
                     + [f"{runs[n]['rows_read']['Evaluator']:,}" for n in sizes])  # fmt: skip
         rows.append(["**wall**"] + [f"**{runs[n]['wall_seconds']:.1f}**" for n in sizes])
         out.append(_table(["step"] + [f"{int(n):,} images" for n in sizes], rows))
+    bound = results.get("evaluator")
+    if bound:
+        out.append(f"\n## What bounds the Evaluator ({bound['eval_rows']:,} eval rows of the "
+                   f"{bound['rows']:,}-row run)\n\nTFX's Evaluator executor (TFMA) on that run's "
+                   "eval split and model, each variant in a process of its own (the step took "
+                   f"{bound['step_seconds']:.1f} s in the run, its verdict included). TFMA "
+                   "computes metrics one example at a time in Python: the variant with one "
+                   "counting metric and no slice is the rate its per-example path allows before "
+                   "any of the step's metrics.\n\n")  # fmt: skip
+        rows = [[variant, _s(v["seconds"]), f"{v['eval_rows_per_second']:,.0f}"]
+                for variant, v in bound["variants"].items()]  # fmt: skip
+        out.append(_table(["evaluation", "seconds", "eval rows/s"], rows))
     compared = results.get("before_after")
     if compared:
         commit = results["before"]["commit"]
@@ -388,10 +400,20 @@ def tables(results: dict[str, Any]) -> str:
     if start:
         bare = start["bare_import_tensorflow"]
         out.append("\n## Kubeflow step start-up (process start to the executor's first line)\n\n")
-        rows = [["bare `import tensorflow`", _s(bare["seconds"]), f"{bare['rss_mb']:.0f}", "1.00"]]
-        rows += [[name, _s(s["seconds"]), f"{s['rss_mb']:.0f}", f"{s['ratio']:.2f}"]
+        out.append(
+            "Imports: the seconds Python's import timing gives them (a run of its own; "
+            "each module's own time, summed per top-level package), and the packages "
+            "that cost a step most beyond what the bare import spends on them.\n\n"
+        )
+        rows = [["bare `import tensorflow`", _s(bare["seconds"]), f"{bare['rss_mb']:.0f}", "1.00",
+                 _s(bare.get("imports_seconds")), ""]]  # fmt: skip
+        rows += [[name, _s(s["seconds"]), f"{s['rss_mb']:.0f}", f"{s['ratio']:.2f}",
+                  _s(s.get("imports_seconds")),
+                  ", ".join(f"{package} {seconds:.2f}" for package, seconds
+                            in s.get("imports_beyond_bare", {}).items())]
                  for name, s in start["steps"].items()]  # fmt: skip
-        out.append(_table(["step", "seconds", "memory MB", "× bare"], rows))
+        out.append(_table(["step", "seconds", "memory MB", "× bare", "imports s",
+                           "beyond the bare import (s)"], rows))  # fmt: skip
     beam = results.get("beam")
     if beam:
         out.append(f"\n## Beam runners ({beam['rows']:,} rows)\n\n")

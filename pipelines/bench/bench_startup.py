@@ -241,18 +241,66 @@ def measure(
                 result = time_to_line(argv, EXECUTOR_STARTS, _pod_environment(root, python))
                 samples[task_name].append(result)
                 say(f"[{round_ + 1}/{repeats}] {task_name}: {_figures(result)}")
+        if round_ == 0:  # where the seconds go, once: timing imports slows them a little
+            with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
+                bare_env = _pod_environment(Path(folder), python)
+                imports = {BARE: import_seconds([python, "-c", _BARE_CODE], _BARE_DONE, bare_env)}
+                for task_name, step in commands.items():
+                    root = Path(folder, task_name)
+                    root.mkdir()
+                    placeholder = json.dumps(_executor_input(step, root, task_name))
+                    argv = [part.replace("{{$}}", placeholder) for part in step["argv"]]
+                    argv[0] = python if argv[0] == "python" else argv[0]
+                    imports[task_name] = import_seconds(argv, EXECUTOR_STARTS,
+                                                        _pod_environment(root, python))  # fmt: skip
     bare = _median(samples[BARE])
     return {
-        BARE: bare,
+        BARE: {**bare, "imports_seconds": round(sum(imports[BARE].values()), 2)},
         "steps": {
             name: {
                 **_median(samples[name]),
                 "ratio": round(_median(samples[name])["seconds"] / bare["seconds"], 2),
                 "executor": commands[name]["executor"],
+                "imports_seconds": round(sum(imports[name].values()), 2),
+                "imports_beyond_bare": beyond_bare(imports[name], imports[BARE]),
             }
             for name in commands
         },
     }
+
+
+def import_seconds(argv: list[str], marker: str, env: dict[str, str]) -> dict[str, float]:
+    """Seconds of imports by top-level package, up to `marker`: one more run with Python's
+    import timing on (PYTHONPROFILEIMPORTTIME; each module's own time, without its imports',
+    summed per first name component), which says where a start-up's seconds go."""
+    process = subprocess.Popen(argv, env={**env, "PYTHONPROFILEIMPORTTIME": "1"}, cwd=REPO_ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    by_package: dict[str, float] = {}
+    try:
+        for raw in process.stdout:
+            line = raw.decode(errors="replace")
+            if marker in line:
+                break
+            fields = line.split("|")
+            if line.startswith("import time:") and len(fields) == 3 and "self [us]" not in line:
+                package = fields[2].strip().split(".")[0]
+                own = int(fields[0].split(":")[1]) / 1e6
+                by_package[package] = by_package.get(package, 0.0) + own
+        else:
+            raise StartupFailed(f"{shlex.join(argv)[:200]}... ended before {marker!r}")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        process.stdout.close()
+    return dict(sorted(by_package.items(), key=lambda item: -item[1]))
+
+
+def beyond_bare(step: dict[str, float], bare: dict[str, float], top: int = 5) -> dict:
+    """The packages whose imports cost a step most beyond what they cost the bare import."""
+    extra = {name: seconds - bare.get(name, 0.0) for name, seconds in step.items()}
+    return {name: round(seconds, 2) for name, seconds in
+            sorted(extra.items(), key=lambda item: -item[1])[:top] if seconds >= 0.05}  # fmt: skip
 
 
 def _median(results: list[dict]) -> dict:

@@ -280,6 +280,31 @@ class Bench:
         derive_end_to_end(results, BENCH_WORK, config, work_prefix="images-")
         self.results["images"] = results
 
+    def evaluator(self) -> None:
+        """What bounds the Evaluator (pipelines/bench/bench_evaluator.py): its evaluation on the
+        largest end-to-end run's eval split, as configured and with parts of its work taken
+        away, each variant in a process of its own."""
+        from pipelines.bench.bench_evaluator import VARIANTS
+
+        rows = max(int(n) for n in self.results["end_to_end"])
+        run = self.results["end_to_end"][str(rows)]
+        eval_rows = run["rows_read"]["Evaluator"]
+        root = BENCH_WORK / f"rows-{rows}" / "pipeline_root"
+        config = PipelineConfig.load(self.settings)
+        variants = {}
+        for variant in VARIANTS:
+            self.say(f"Evaluator, {eval_rows:,} eval rows: {variant} ...")
+            out = BENCH_WORK / "evaluator" / variant.replace(" ", "-").replace(",", "")
+            shutil.rmtree(out, ignore_errors=True)
+            _, output = self.stream(["-m", "pipelines.bench.bench_evaluator", str(root), variant,
+                                     str(out), config.use_case])  # fmt: skip
+            seconds = json.loads(output.strip().splitlines()[-1])["seconds"]
+            variants[variant] = {"seconds": seconds, "eval_rows_per_second": eval_rows / seconds}
+        self.results["evaluator"] = {
+            "rows": rows, "eval_rows": eval_rows,
+            "step_seconds": run["steps"]["Evaluator"]["seconds"], "variants": variants,
+        }  # fmt: skip
+
     def trainer_and_serving(self) -> None:
         """bench-input and bench-serving on the default run's outputs (`default` work folder)."""
         steps, repeats, requests = ("40", "3", "50") if self.tiny else ("300", "5", "400")
@@ -385,8 +410,8 @@ def _start_job_service() -> tuple[subprocess.Popen, str]:
     raise RuntimeError("Beam's local job service did not listen within 60 s")
 
 
-PARTS = ("end_to_end", "default_run", "before", "stock", "images", "startup", "beam",
-         "trainer_and_serving")  # fmt: skip
+PARTS = ("end_to_end", "default_run", "before", "stock", "images", "evaluator", "startup",
+         "beam", "trainer_and_serving")  # fmt: skip
 
 
 def run(sizes: list[int], default_rows: int, repeats: int, tiny: bool, skip: set[str],

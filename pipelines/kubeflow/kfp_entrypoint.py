@@ -185,6 +185,10 @@ def main(argv: list[str]) -> int:
     from pipelines.kubeflow.tfx_v2_executor import load_executor
 
     run = load_executor(argv)
+    if "apache_beam" in sys.modules:  # a Beam step: its own Beam IO gets storage's fixes
+        from components.base import storage
+
+        storage.beam_filesystems()
     # The step's notes (components' INFO lines: spans, training progress, decisions) belong in
     # its log, which the UI shows; the libraries' imports leave the root logger at WARNING.
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")

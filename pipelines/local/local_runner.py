@@ -201,6 +201,9 @@ def run_pipeline(
     phases = phases or RunPhases()
     with phases.timed("TFX import and pipeline compilation"):
         pipeline_ir, steps_in_dag, tfx = _compiled(config)
+        from components.base import storage
+
+        storage.beam_filesystems()  # the steps' own Beam IO gets storage's fixes (imported now)
     Path(config.metadata_path).parent.mkdir(parents=True, exist_ok=True)
     last_execution = last_execution_id(config)
     with (

@@ -9,7 +9,8 @@ there anything new?" beside that stamp; the next run with the same config, the s
 store running and the same stamp answers the same without starting SeaweedFS (about 3 s of the
 4 s such a run took, measured by `tkp bench`). Anything that touched the store since (an upload,
 a rollback, a promotion, any command that started it) changed the folder, and the run checks
-as before. A configured store (AWS_ENDPOINT_URL_S3) has other writers: never recorded.
+as before. A configured store (AWS_ENDPOINT_URL_S3) has other writers, and data or a serving
+folder outside the store change without it: never recorded.
 """
 
 from __future__ import annotations
@@ -52,11 +53,14 @@ def _key(config: PipelineConfig) -> str:
     return digest.hexdigest()
 
 
-def _store_idle(data_dir: Path) -> bool:
-    """No embedded store runs on the folder, and none is configured elsewhere."""
+def _store_idle(config: PipelineConfig, data_dir: Path) -> bool:
+    """No embedded store runs on the folder, none is configured elsewhere, and everything the
+    check reads (the data, the serving folder) is in it: a local or gs:// root changes without
+    the store."""
     from components.base.object_store import EmbeddedObjectStore, _weed_processes_on
 
-    if os.environ.get("AWS_ENDPOINT_URL_S3"):
+    roots = (config.data_root, config.serving_root)
+    if os.environ.get("AWS_ENDPOINT_URL_S3") or not all(r.startswith("s3://") for r in roots):
         return False
     store = EmbeddedObjectStore(data_dir)
     return store.read_pid_file() is None and not _weed_processes_on(store.data_dir)
@@ -66,7 +70,7 @@ def recall(config: PipelineConfig, data_dir: Path) -> list[str] | None:
     """The lines a run with `config` printed when it found nothing new, if the store's folder is
     as that run left it; None when this run must check."""
     record_path = data_dir.parent / RECORD_NAME
-    if config.force or not record_path.exists() or not _store_idle(data_dir):
+    if config.force or not record_path.exists() or not _store_idle(config, data_dir):
         return None
     try:
         record = json.loads(record_path.read_text())
@@ -82,7 +86,7 @@ def remember(config: PipelineConfig, data_dir: Path, lines: list[str]) -> None:
     after the store stopped); a folder still in use records nothing and forgets what was."""
     record_path = data_dir.parent / RECORD_NAME
     record_path.unlink(missing_ok=True)
-    if config.force or not _store_idle(data_dir):
+    if config.force or not _store_idle(config, data_dir):
         return
     record = {"key": _key(config), "stamp": folder_stamp(data_dir), "lines": lines}
     partial = record_path.with_suffix(f".{os.getpid()}.partial")

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from components.base import object_store as object_store_module
-from components.base import s3_listing, storage
+from components.base import path_globs, storage
 from components.base.launcher_paths import local_path
 from components.base.object_store import s3_client
 from tests.stand_ins.kfp_launcher import download
@@ -268,24 +268,33 @@ GLOBS = ["{root}/**", "{root}/*", "{root}/", "{root}/a/*.csv", "{root}/a/**", "{
          "{root}/**.txt", "{root}"]  # fmt: skip
 
 
-def test_listing_s3_without_beam_finds_what_beams_match_finds(object_store):
-    """storage lists `s3://` through boto3 alone (s3_listing.py), so that a run with nothing new
-    never imports Beam: for every kind of pattern it finds the objects Beam's match finds, with
-    their sizes and times."""
+def test_listing_without_beam_finds_what_beams_match_finds(object_store, tmp_path):
+    """storage lists `s3://` through boto3 and local paths through os.walk (path_globs.py), so
+    that a run with nothing new or a step without Beam never imports Beam: for every kind of
+    pattern each finds the files Beam's match finds, with their sizes and times."""
     bucket = object_store.new_bucket("glob")
     keys = ["r/a/x1.csv", "r/a/x2.csv", "r/a/sub/x3.csv", "r/b/x1.csv", "r/c1/d/e.txt",
             "r/top.txt", "r-other/a.csv", "r"]  # fmt: skip
     for i, key in enumerate(keys):
         s3_client().put_object(Bucket=bucket, Key=key, Body=b"x" * (i + 1))
+        local = tmp_path / key if key != "r" else tmp_path / "r-file"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(b"x" * (i + 1))
     beam = storage.beam_filesystems()
-    for glob in GLOBS:
-        pattern = glob.format(root=f"s3://{bucket}/r")
-        ours = s3_listing.match(s3_client(), pattern)
-        beams = sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
-                       for m in beam.match([pattern])[0].metadata_list)  # fmt: skip
-        assert [(p, size) for p, size, _ in ours] == [(p, size) for p, size, _ in beams], pattern
-        assert all(abs(a[2] - b[2]) < 1 for a, b in zip(ours, beams, strict=True)), pattern
-        assert [info.path for info in storage.list_file_infos(pattern)] == [p for p, *_ in ours]
-    assert len(s3_listing.match(s3_client(), f"s3://{bucket}/r/**")) == 6  # the test sees files
+    roots = {f"s3://{bucket}/r": lambda p: path_globs.match_s3(s3_client(), p),
+             str(tmp_path / "r"): path_globs.match_local}  # fmt: skip
+    for root, match in roots.items():
+        for glob in GLOBS:
+            pattern = glob.format(root=root)
+            ours = match(pattern)
+            if pattern == root and not root.startswith("s3://"):  # a folder: Beam raises
+                assert ours == []
+                continue
+            beams = sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
+                           for m in beam.match([pattern])[0].metadata_list)  # fmt: skip
+            assert [(p, n) for p, n, _ in ours] == [(p, n) for p, n, _ in beams], pattern
+            assert all(abs(a[2] - b[2]) < 1 for a, b in zip(ours, beams, strict=True)), pattern
+            assert [info.path for info in storage.list_file_infos(pattern)] == [p for p, *_ in ours]
+        assert len(match(f"{root}/**")) == 6  # the test sees files
     with pytest.raises(storage.StorageError, match="cannot list s3://no-such-bucket-here/"):
         storage.list_files("s3://no-such-bucket-here/x/*")

@@ -70,6 +70,7 @@ def test_bench_tiny_runs_every_part_and_reports_it(tmp_path):
     markdown = (report / "results.md").read_text()
     for heading in ("## The aims", "## End to end", "## The default run",
                     "## Ours against stock TFX", "## The images use case", "## Before and after",
+                    "## What bounds the Evaluator",
                     "## Kubeflow step start-up", "## Trainer input and serving"):  # fmt: skip
         assert heading in markdown
     assert "## Beam runners" not in markdown  # skipped parts are not made up
@@ -139,6 +140,12 @@ def _check_derived_figures(results: dict) -> None:
         assert training["steps"] == 40
         rate = training["steps"] * training["global_batch"] / trainer
         assert _close(training["examples_per_second"], rate)
+    bound = results["evaluator"]  # the largest run's eval split, each variant measured
+    assert bound["eval_rows"] == runs["1000"]["rows_read"]["Evaluator"] > 0
+    assert bound["step_seconds"] == runs["1000"]["steps"]["Evaluator"]["seconds"]
+    assert len(bound["variants"]) == 4
+    for variant in bound["variants"].values():
+        assert _close(variant["eval_rows_per_second"], bound["eval_rows"] / variant["seconds"])
     # The before side: the same 1,000 rows on an older commit, run in this bench run.
     compared = results["before_after"]["1000"]
     before, after = results["before"]["runs"]["1000"], runs["1000"]

@@ -1,16 +1,19 @@
-"""A glob over an `s3://` bucket through boto3 alone, with Beam's FileSystems.match semantics.
+"""Globs over `s3://` (through boto3) and local paths without Beam, with the semantics of Beam's
+FileSystems.match that storage.list_file_infos had when it went through Beam.
 
 Importing Apache Beam costs about 2 s (it pulls in pandas, BigQuery's client and IPython): a run
-with nothing new, which lists and reads a few objects, would spend most of its time there. This
-module answers what storage.list_file_infos asks of S3 as Beam's S3FileSystem does
-(apache_beam/io/filesystem.py, FileSystem.match 2.59): a pattern ending in "/" gets "*"; without
-a glob character it is one object (its HEAD; none when missing); otherwise every key under the
-pattern's part before its first glob character is listed and kept when the whole `s3://` path
-matches the pattern (`translate_pattern`: `*` within a folder, `**` across folders, `?`, `[...]`).
+with nothing new, and a Kubeflow step that only reads and writes its local artifact copies, would
+spend much of their time there. Beam's rules (apache_beam/io/filesystem.py, FileSystem.match,
+2.59): a pattern ending in "/" gets "*"; without a glob character it is one file (none when
+missing); otherwise every file under the pattern's part before its first glob character (on S3
+that key prefix; on disk the folder that part names or lies in, walked recursively) is listed and
+kept when its whole path matches the pattern (`translate_pattern`: `*` within a folder, `**`
+across folders, `?`, `[...]`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 GLOB_START = re.compile(r"^[^[*?]*")
@@ -53,7 +56,7 @@ def translate_pattern(pattern: str) -> str:
     return r"(?ms)" + res + r"\Z"
 
 
-def match(client, pattern: str) -> list[tuple[str, int, float]]:
+def match_s3(client, pattern: str) -> list[tuple[str, int, float]]:
     """(path, size in bytes, last modified in seconds) of each object `pattern` matches, sorted;
     boto3's errors (no such bucket, no answer) propagate for the caller to name."""
     if pattern.endswith("/"):
@@ -75,4 +78,27 @@ def match(client, pattern: str) -> list[tuple[str, int, float]]:
             path = f"s3://{bucket}/{item['Key']}"
             if whole(path):
                 found.append((path, item["Size"], item["LastModified"].timestamp()))
+    return sorted(found)
+
+
+def match_local(pattern: str) -> list[tuple[str, int, float]]:
+    """The same for a local path (Beam's LocalFileSystem: os.walk below the folder, sizes and
+    modification times from os.stat); a folder named without a glob matches nothing."""
+    if pattern.endswith("/"):
+        pattern += "*"
+    prefix = GLOB_START.match(pattern).group(0)
+    if prefix == pattern:
+        if not os.path.isfile(pattern):
+            return []
+        stat = os.stat(pattern)
+        return [(pattern, stat.st_size, stat.st_mtime)]
+    folder = prefix if prefix.endswith("/") else os.path.dirname(prefix)
+    whole = re.compile(translate_pattern(pattern)).match
+    found = []
+    for dirpath, _, files in os.walk(folder or "."):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if whole(path):
+                stat = os.stat(path)
+                found.append((path, stat.st_size, stat.st_mtime))
     return sorted(found)
