@@ -286,6 +286,11 @@ class Bench:
         away, each variant in a process of its own."""
         from pipelines.bench.bench_evaluator import VARIANTS
 
+        if not self.results.get("end_to_end"):
+            self.say(
+                "Evaluator variants: skipped (they evaluate the end_to_end part's largest run)"
+            )
+            return
         rows = max(int(n) for n in self.results["end_to_end"])
         run = self.results["end_to_end"][str(rows)]
         eval_rows = run["rows_read"]["Evaluator"]

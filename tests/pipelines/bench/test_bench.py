@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from components.base.config import REPO_ROOT, PipelineConfig, parse_assignments
 from components.steps.beam_dependencies import workers_are_local
 from pipelines.bench import bench_report
-from pipelines.bench.suite import TINY
+from pipelines.bench.suite import PARTS, TINY
 from tests.pipelines import cli_process
 
 
@@ -219,7 +219,7 @@ def test_the_beam_steps_run_through_the_portable_job_api(tmp_path, mode):
     report = tmp_path / "report"
     bench = cli_process.run(
         tmp_path, "bench", "--tiny", "--repeats", "1", "--report-dir", str(report),
-        "--skip", "end_to_end,default_run,stock,startup,trainer_and_serving",
+        "--skip", ",".join(part for part in PARTS if part != "beam"),
         "--beam-modes", mode, timeout=900,
     )  # fmt: skip
     assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
