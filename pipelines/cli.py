@@ -774,6 +774,34 @@ def args_line() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command. As the program (`tkp`, `python -m pipelines.cli`: no `argv` given) the
+    process ends here, without the interpreter's teardown (_end_process)."""
+    code = _main(argv)
+    if argv is None:
+        _end_process(code)
+    return code
+
+
+def _end_process(code: int) -> None:
+    """Ends the process as Python's own exit does, less its teardown of every module and object:
+    non-daemon threads are joined and thread pools shut down (threading._shutdown, as
+    Py_FinalizeEx calls it), atexit handlers run (log handlers, temporary folders, child
+    processes), then os._exit. Once TensorFlow and Beam are loaded that teardown takes about 4 s
+    of nothing a user needs (measured: a first run's main returned at 74.3 s, its last atexit
+    handler ran at 74.3 s, the process ended at 78.0 s); every file a command writes is closed
+    before it returns."""
+    import atexit
+    import threading
+
+    threading._shutdown()  # CPython 3.10 (the only Python the project runs on)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:  # before anything heavy is imported: a typo fails within a second
         config = _load_config(args) if args.uses_config else None

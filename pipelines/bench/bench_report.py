@@ -37,10 +37,15 @@ AIMS = {
     "nothing new, share of the first run": (0.05, "max", "share"),
     "cost per row, largest size over the smaller (each data step)": (1.2, "max", "ratio"),
     "ExampleGen rows/s at 1,000,000 rows or more": (25_000.0, "min", "rows/s"),
-    "Evaluator eval rows/s at 200,000 eval rows or more": (5_000.0, "min", "rows/s"),
+    # The "200k eval rows": the eval split of a 1M-row span (about a fifth, by hash).
+    "Evaluator eval rows/s at 1,000,000 rows (about 200,000 eval rows) or more": (
+        5_000.0,
+        "min",
+        "rows/s",
+    ),
     "Kubeflow step start-up over bare import tensorflow (each step)": (1.3, "max", "ratio"),
 }
-LARGE_ROWS, LARGE_EVAL_ROWS = 1_000_000, 200_000
+LARGE_ROWS = 1_000_000
 UNACCOUNTED = "process exit and what no phase covers"
 BETWEEN_STEPS = "the runner between steps"
 
@@ -190,10 +195,9 @@ def aims(results: dict[str, Any]) -> list[dict]:
         figures["ExampleGen rows/s at 1,000,000 rows or more"] = min(
             run["rows_per_second"]["ExampleGen"] for run in large
         )
-    large_eval = [run for run in e2e.values() if run["rows_read"]["Evaluator"] >= LARGE_EVAL_ROWS]
-    if large_eval:
-        figures["Evaluator eval rows/s at 200,000 eval rows or more"] = min(
-            run["rows_per_second"]["Evaluator"] for run in large_eval
+    if large:
+        figures["Evaluator eval rows/s at 1,000,000 rows (about 200,000 eval rows) or more"] = min(
+            run["rows_per_second"]["Evaluator"] for run in large
         )
     start = results.get("startup")
     if start and start["steps"]:
