@@ -65,7 +65,8 @@ def cmd_run(args: argparse.Namespace, config: PipelineConfig) -> int:
         else:
             answer = _check_and_run(args, config, phases, held)
             if answer is not None:  # the store has stopped: its folder as the next run finds it
-                unchanged_store.remember(config, embedded_store.STORE_DIR, answer)
+                with contextlib.suppress(OSError):  # without a record the next run checks
+                    unchanged_store.remember(config, embedded_store.STORE_DIR, answer)
     phases.write(args.timings)
     console.say(f"\nDone in {time.monotonic() - started:.1f} s.")
     return 0
@@ -94,7 +95,10 @@ def _check_and_run(args: argparse.Namespace, config: PipelineConfig, phases: Run
             answer = _nothing_new_lines(config, unchanged) if unchanged else None
     with phases.timed("object store stop"):
         held.close()
-    return answer if store.kind in ("started", "reused") else None
+    # A record only when this command was the store's one user from its start to its stop: a
+    # command that used it meanwhile (add-span, rollback) may have written after the check.
+    alone = store.kind == "started" and store.embedded.sole_user_since_start()
+    return answer if alone else None
 
 
 def _nothing_new_lines(config: PipelineConfig, reason: str) -> list[str]:

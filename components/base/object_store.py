@@ -147,6 +147,7 @@ class EmbeddedObjectStore:
         self.pid: int | None = None  # the server's
         self.supervisor_pid: int | None = None
         self.master_port: int | None = None  # when this object started the server
+        self.lease_number = 0  # this lease's number among all taken on the folder
         self.reused_pid: int | None = None  # set when start() found this folder's server running
         self._lease = None  # the open USERS_LOCK, flock-ed shared while this process uses the store
         self.outcome = ""  # what the last stop() did
@@ -182,6 +183,7 @@ class EmbeddedObjectStore:
             with open(self.data_dir / supervisor.START_LOCK, "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 self._start(timeout_s)
+                self.lease_number = self._count_lease()
                 if detached and self.supervisor_pid:
                     (self.data_dir / supervisor.KEEP_FILE).write_text(f"{self.supervisor_pid}\n")
         except BaseException:
@@ -319,6 +321,26 @@ class EmbeddedObjectStore:
                     f"SeaweedFS did not answer within {timeout_s:.0f} s; see {self.log_path}"
                 ) from reason
             time.sleep(0.1)
+
+    LEASE_COUNTER = "leases.count"  # how many leases were ever taken on the folder
+
+    def _count_lease(self) -> int:
+        """Numbers this lease (under START_LOCK): one more than the last one taken."""
+        counter = self.data_dir / self.LEASE_COUNTER
+        try:
+            number = int(counter.read_text()) + 1
+        except (OSError, ValueError):
+            number = 1
+        counter.write_text(f"{number}\n")
+        return number
+
+    def sole_user_since_start(self) -> bool:
+        """Whether no other command has taken a lease since this one was taken (it may hold one
+        taken before; see started)."""
+        try:
+            return int((self.data_dir / self.LEASE_COUNTER).read_text()) == self.lease_number
+        except (OSError, ValueError):
+            return False
 
     def _volume_server_registered(self) -> bool:
         """Whether the master knows the volume server (its topology counts volume slots). The

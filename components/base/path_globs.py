@@ -73,12 +73,20 @@ def match_s3(client, pattern: str) -> list[tuple[str, int, float]]:
         return [(pattern, head["ContentLength"], head["LastModified"].timestamp())]
     whole = re.compile(translate_pattern(pattern)).match
     found = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
-        for item in page.get("Contents", []):
-            path = f"s3://{bucket}/{item['Key']}"
-            if whole(path):
-                found.append((path, item["Size"], item["LastModified"].timestamp()))
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
+            for item in page.get("Contents", []):
+                path = f"s3://{bucket}/{item['Key']}"
+                if whole(path):
+                    found.append((path, item["Size"], item["LastModified"].timestamp()))
+    except Exception as e:  # no such bucket: no files, as Beam's s3io.list_files has it (a 404)
+        if _status(e) != 404:
+            raise
     return sorted(found)
+
+
+def _status(error: Exception) -> int | None:
+    return getattr(error, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
 
 
 def match_local(pattern: str) -> list[tuple[str, int, float]]:
@@ -99,6 +107,9 @@ def match_local(pattern: str) -> list[tuple[str, int, float]]:
         for name in files:
             path = os.path.join(dirpath, name)
             if whole(path):
-                stat = os.stat(path)
+                try:
+                    stat = os.stat(path)
+                except FileNotFoundError:  # renamed or removed while listed (Beam skips it too)
+                    continue
                 found.append((path, stat.st_size, stat.st_mtime))
     return sorted(found)

@@ -172,6 +172,25 @@ _TRANSFER_CONFIG = TransferConfig(
 _TRANSFER_CONFIG.max_in_memory_upload_chunks = 2  # s3transfer's option; boto3's __init__ lacks it
 
 
+def answered_retries(call, tries: int = 4):
+    """`call()`, again after 0.5, 1 and 2 s while the store answers with an error that asks for
+    a retry (5xx, 408, 429, SlowDown), as Beam's S3 client did for the reads and listings that
+    now go through boto3 (it waited from 5 s, doubling); no answer at all fails at once (boto3
+    has retried that already)."""
+    for attempt in range(tries):
+        try:
+            return call()
+        except Exception as e:
+            response = getattr(e, "response", None) or {}
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            code = response.get("Error", {}).get("Code")
+            if attempt == tries - 1 or not (status >= 500 or status in (408, 429)
+                                            or code == "SlowDown"):  # fmt: skip
+                raise
+            time.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
 def join(*parts: str) -> str:
     return posixpath.join(*parts) if "://" in parts[0] else os.path.join(*parts)
 
@@ -197,7 +216,8 @@ def list_file_infos(pattern: str) -> list[FileInfo]:
         if pattern.startswith("s3://"):
             from components.base.object_store import s3_client
 
-            return [FileInfo(*found) for found in path_globs.match_s3(s3_client(), pattern)]
+            found = answered_retries(lambda: path_globs.match_s3(s3_client(), pattern))
+            return [FileInfo(*info) for info in found]
         if "://" not in pattern:
             return [FileInfo(*found) for found in path_globs.match_local(pattern)]
         result = beam_filesystems().match([pattern])[0]
@@ -285,10 +305,11 @@ def numbered_children(parent: str, prefix: str = "") -> dict[int, str]:
 def open_stream(path: str):
     """`path` opened for reading as a stream, decompressed when its name says so (`.gz`, and on
     other than local paths Beam's other compressions)."""
-    if "://" not in path and not re.search(r"\.(bz2|deflate|zst|zstd|lzma)$", path):
+    name = path.lower()  # Beam's CompressionTypes.detect_compression_type lowercases too
+    if "://" not in path and not re.search(r"\.(bz2|deflate|zst|zstd|lzma|xz)$", name):
         import gzip
 
-        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")  # noqa: SIM115
+        return gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb")  # noqa: SIM115
     from apache_beam.io.filesystem import CompressionTypes
 
     try:
@@ -324,7 +345,9 @@ def read_object(path: str) -> bytes:
 
     bucket, key = split_s3(path)
     try:
-        return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return answered_retries(
+            lambda: s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        )
     except Exception as e:
         code = getattr(e, "response", {}).get("Error", {}).get("Code")
         if code in ("NoSuchKey", "404"):

@@ -129,10 +129,13 @@ def before_after(results: dict[str, Any]) -> dict:
                              "ratio": new["wall_seconds"] / old["wall_seconds"]}}  # fmt: skip
     old_again, d = results["before"].get("nothing_new"), results.get("default_run")
     if old_again and d:
+        checked = d.get("nothing_new_checked_wall_seconds")
         out["nothing new"] = {
             "before": old_again["wall_seconds"], "after": d["nothing_new_wall_seconds"],
             "ratio": d["nothing_new_wall_seconds"] / old_again["wall_seconds"],
-            "after_checked": d.get("nothing_new_checked_wall_seconds"),
+            "after_checked": checked,
+            "ratio_checked": None if checked is None else checked / old_again["wall_seconds"],
+            "rows": {"before": old_again["rows"], "after": d["rows"]},
         }  # fmt: skip
     return out
 
@@ -303,6 +306,10 @@ def tables(results: dict[str, Any]) -> str:
             [f"first run (pushed: {d.get('first_pushed')})", f"{d['first_wall_seconds']:.1f}"],
             [f"nothing new (median of {len(d['nothing_new_runs'])})",
              f"{d['nothing_new_wall_seconds']:.1f} = {d['nothing_new_fraction']:.1%} of the first"],
+            *([["nothing new, the store started to check",
+                f"{d['nothing_new_checked_wall_seconds']:.1f} = "
+                f"{d['nothing_new_checked_fraction']:.1%} of the first"]]
+              if "nothing_new_checked_fraction" in d else []),
             [f"after one new span (pushed: {d['new_span_pushed']})",
              f"{d['new_span_wall_seconds']:.1f}"],
         ]))  # fmt: skip
@@ -380,11 +387,14 @@ def tables(results: dict[str, Any]) -> str:
                    "bench run)\n\n")  # fmt: skip
         again = compared.get("nothing new")
         if again:
-            rows = results["before"]["nothing_new"]["rows"]
-            out.append(f"A run with nothing new: {again['before']:.1f} s before ({rows:,} rows), "
-                       f"{again['after']:.1f} s after ({again['ratio']:.2f})"
-                       + (f"; {again['after_checked']:.1f} s after when the store must start to "
-                          "check" if again.get("after_checked") is not None else "")
+            rows = again["rows"]
+            out.append(f"A run with nothing new: {again['before']:.1f} s before (the store "
+                       f"started to check; {rows['before']:,} rows), {again['after']:.1f} s "
+                       f"after ({again['ratio']:.2f}; answered from the record, "
+                       f"{rows['after']:,} rows)"
+                       + (f", {again['after_checked']:.1f} s after when the store must start to "
+                          f"check ({again['ratio_checked']:.2f})"
+                          if again.get("after_checked") is not None else "")
                        + ".\n\n")  # fmt: skip
         sizes = [key for key in compared if key.isdigit()]
         for key, c in sorted(((k, compared[k]) for k in sizes), key=lambda item: int(item[0])):

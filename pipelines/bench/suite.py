@@ -165,6 +165,7 @@ class Bench:
             "nothing_new_fraction": median["wall_seconds"] / first["wall_seconds"],
             "nothing_new_recalled": [RECALLED in r["stdout"] for r in cached],
             "nothing_new_checked_wall_seconds": checked["wall_seconds"],
+            "nothing_new_checked_fraction": checked["wall_seconds"] / first["wall_seconds"],
             "nothing_new_checked_phases": checked["phases"],
             "new_span_wall_seconds": new_span["wall_seconds"],
             "new_span_steps": new_span["steps"],
@@ -196,16 +197,17 @@ class Bench:
                     s: run["rows_read"][s] / run["steps"][s]["seconds"] for s in DATA_STEPS
                 }
                 runs[str(rows)] = run
-            # Its run with nothing new, after its first size's run (rows change nothing there).
+            # Its run with nothing new, after its run of the default rows (--tiny: its one run).
+            rows = self.default_rows if self.default_rows in sizes else sizes[0]
             self.say(f"before (commit {commit}), nothing new ...")
-            again = self.run_cli(f"before-rows-{sizes[0]}", "run", source=source,
-                                 settings={"rows_per_span": str(sizes[0])})  # fmt: skip
+            again = self.run_cli(f"before-rows-{rows}", "run", source=source,
+                                 settings={"rows_per_span": str(rows)})  # fmt: skip
             if "Nothing is trained or pushed" not in again["stdout"]:
                 raise RuntimeError(f"the before side's run with nothing new trained:\n"
                                    f"{again['stdout']}")  # fmt: skip
             self.results["before"] = {
                 "commit": commit, "runs": runs,
-                "nothing_new": {"rows": sizes[0], "wall_seconds": again["wall_seconds"],
+                "nothing_new": {"rows": rows, "wall_seconds": again["wall_seconds"],
                                 "phases": again["phases"]},
             }  # fmt: skip
         finally:

@@ -25,7 +25,8 @@ from components.base.config import PipelineConfig
 RECORD_NAME = "nothing-new.json"  # beside the store's folder, in the work folder
 # The code that decides "nothing new": a change to it must not reuse an answer it gave.
 _DECIDING_MODULES = ("components.base.spans", "components.base.registry",
-                     "components.base.serving_state", "pipelines.local.local_runner")  # fmt: skip
+                     "components.base.serving_state", "components.base.storage",
+                     "components.base.path_globs", "pipelines.local.local_runner")  # fmt: skip
 
 
 def folder_stamp(data_dir: Path) -> str:

@@ -158,6 +158,11 @@ def _check_derived_figures(results: dict) -> None:
     assert again["before"] == results["before"]["nothing_new"]["wall_seconds"]
     assert _close(again["ratio"], default["nothing_new_wall_seconds"] / again["before"])
     assert again["after_checked"] == default["nothing_new_checked_wall_seconds"]
+    assert _close(again["ratio_checked"], again["after_checked"] / again["before"])
+    assert _close(
+        default["nothing_new_checked_fraction"],
+        default["nothing_new_checked_wall_seconds"] / default["first_wall_seconds"],
+    )
     rate = compared["rows_per_second"]["ExampleGen"]
     assert _close(rate["before"], 1000 / before["steps"]["ExampleGen"]["seconds"])
     aims = {aim["aim"]: aim for aim in results["aims"]}

@@ -53,3 +53,25 @@ def test_an_answer_is_given_again_only_while_nothing_can_have_changed(tmp_path, 
         store.stop()
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     assert unchanged_store.recall(config, folder) is None
+
+
+def test_a_run_knows_whether_another_command_used_the_store_meanwhile(tmp_path, monkeypatch):
+    """The CLI records an answer only when its run was the store's one user from start to stop
+    (pipelines/cli.py): a command that reused the store meanwhile (add-span, rollback) may have
+    written after the run's check, and its lease shows."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    folder = tmp_path / "seaweedfs"
+    run = EmbeddedObjectStore(folder).start()
+    try:
+        assert run.sole_user_since_start()
+        other = EmbeddedObjectStore(folder).start()  # reuses the run's server
+        assert other.reused_pid == run.pid
+        other.stop()
+        assert not run.sole_user_since_start()
+    finally:
+        run.stop()
+    alone = EmbeddedObjectStore(folder).start()
+    try:
+        assert alone.sole_user_since_start()
+    finally:
+        alone.stop()
