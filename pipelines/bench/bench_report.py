@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from components.base.config import REPO_ROOT
+from pipelines.local.run_phases import clock_tick_seconds
 
 # Stock TFX's node ids, by the step of ours that does the same work.
 STOCK_NAMES = {
@@ -65,6 +66,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(), "system": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": commit + ("+changes" if dirty else ""),
+        "clock_tick_seconds": clock_tick_seconds(),  # how well a process's start is known
     }  # fmt: skip
 
 
@@ -207,13 +209,51 @@ def aims(results: dict[str, Any]) -> list[dict]:
         figures["Kubeflow step start-up over bare import tensorflow (each step)"] = max(
             s["ratio"] for s in start["steps"].values()
         )
+    costs = _largest_costs(results)
     out = []
     for aim, (limit, kind, unit) in AIMS.items():
         figure = figures[aim]
         met = None if figure is None else (figure <= limit if kind == "max" else figure >= limit)
         out.append({"aim": aim, "limit": limit, "kind": kind, "unit": unit, "figure": figure,
-                    "met": met})  # fmt: skip
+                    "met": met, "largest_costs": costs.get(aim, [])})  # fmt: skip
     return out
+
+
+def _largest_costs(results: dict[str, Any], top: int = 3) -> dict[str, list[list]]:
+    """Per aim, what this run measured as its largest costs ([what, figure, unit], largest
+    first): where a missed aim's time goes, from the same figures the report shows."""
+    costs: dict[str, list[list]] = {}
+
+    def largest(parts: dict[str, float]) -> list[list]:
+        ranked = sorted(parts.items(), key=lambda item: -item[1])[:top]
+        return [[name, round(seconds, 2), "s"] for name, seconds in ranked]
+
+    d = results.get("default_run")
+    if d and "first_accounting" in d:
+        costs["first make run, wall seconds"] = largest(d["first_accounting"]["parts"])
+        costs["nothing new, share of the first run"] = largest(d["nothing_new_accounting"]["parts"])
+    ratio = results.get("cost_per_row_ratio")
+    if ratio:
+        by_step = {k: v for k, v in ratio["by_step"].items() if k != "data steps"}
+        ranked = sorted(by_step.items(), key=lambda item: -item[1])[:top]
+        costs["cost per row, largest size over the smaller (each data step)"] = [
+            [step, round(value, 2), "ratio"] for step, value in ranked
+        ]
+    bound = results.get("evaluator")
+    if bound and bound["rows"] >= LARGE_ROWS:  # the aim's size; a smaller run's bound is not it
+        ranked = sorted(bound["variants"].items(), key=lambda item: item[1]["seconds"])
+        costs["Evaluator eval rows/s at 1,000,000 rows (about 200,000 eval rows) or more"] = [
+            [f"TFMA, {variant}", round(v["eval_rows_per_second"]), "rows/s"]
+            for variant, v in ranked
+        ]  # the fastest first: what TFMA allows with its work taken away
+    start = results.get("startup")
+    if start and start["steps"]:
+        name, step = max(start["steps"].items(), key=lambda item: item[1]["ratio"])
+        costs["Kubeflow step start-up over bare import tensorflow (each step)"] = [
+            [f"{name}: import {package} beyond the bare import's", seconds, "s"]
+            for package, seconds in list(step.get("imports_beyond_bare", {}).items())[:top]
+        ]
+    return costs
 
 
 def chart(runs: dict[str, Any], path: Path) -> None:
@@ -261,9 +301,14 @@ def tables(results: dict[str, Any]) -> str:
     out.append("## The aims\n\n")
     rows = [[a["aim"], ("≤ " if a["kind"] == "max" else "≥ ") + _figure(a["limit"], a["unit"]),
              NOT_MEASURED if a["figure"] is None else _figure(a["figure"], a["unit"]),
-             "-" if a["met"] is None else ("yes" if a["met"] else "**no**")]
+             "-" if a["met"] is None else ("yes" if a["met"] else "**no**"),
+             "; ".join(_cost(*cost) for cost in a["largest_costs"])]
             for a in results["aims"]]  # fmt: skip
-    out.append(_table(["aim", "limit", "this run", "met"], rows) + "\n")
+    out.append(_table(["aim", "limit", "this run", "met", "largest costs (this run)"], rows))
+    out.append("\nThe last column: the run's largest parts of the wall time; the steps' worst "
+               "cost-per-row ratios; TFMA on the eval split with its work taken away (the "
+               "Evaluator's section below); the imports that cost the slowest-starting step most "
+               "beyond a bare `import tensorflow`.\n\n")  # fmt: skip
     e2e = results.get("end_to_end")
     if e2e:
         sizes = sorted(e2e, key=int)
@@ -315,7 +360,9 @@ def tables(results: dict[str, Any]) -> str:
         ]))  # fmt: skip
     if d:
         out.append("\nWhere the wall time goes (seconds; each phase measured in the `tkp run` "
-                   "process, the rest is the wall less them):\n\n")  # fmt: skip
+                   "process, the rest is the wall less them; the process's start is known to "
+                   f"one clock tick, {m['clock_tick_seconds']:g} s, so that rest can read up to "
+                   "one tick below zero):\n\n")  # fmt: skip
         first, again = d["first_accounting"]["parts"], d["nothing_new_accounting"]["parts"]
         checked = d.get("nothing_new_checked_accounting", {}).get("parts", {})
         names = list(dict.fromkeys([*first, *again, *checked]))
@@ -462,6 +509,14 @@ def tables(results: dict[str, Any]) -> str:
     else:
         out.append(f"Serving: {NOT_MEASURED}.\n")
     return "".join(out)
+
+
+def _cost(what: str, figure: float, unit: str) -> str:
+    if unit == "rows/s":
+        return f"{what} {figure:,.0f} rows/s"
+    return f"{what} {figure:.2f}" + (
+        " s" if unit == "s" else f" ({unit})" if unit != "ratio" else ""
+    )
 
 
 def _s(seconds: float | None) -> str:

@@ -109,8 +109,9 @@ class Bench:
             lines.append(line)
             if STEP_DONE.match(line):
                 self.say("    " + line.strip())
+        returncode = process.wait()  # the wall a user waits: to the process's end
         seconds, output = time.monotonic() - started, "".join(lines)
-        if process.wait():
+        if returncode:
             raise RuntimeError(f"python {' '.join(python_args[:3])} ... failed "
                                f"({process.returncode}):\n{output[-5000:]}")  # fmt: skip
         return seconds, output

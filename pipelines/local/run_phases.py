@@ -18,12 +18,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def clock_tick_seconds() -> float:
+    """The resolution of a process's start time as the kernel records it: one clock tick."""
+    try:
+        return 1 / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return 0.01
+
+
 def process_age_seconds() -> float:
     """Seconds since this process started (Linux: /proc/self/stat's starttime, in clock ticks
-    since boot, against CLOCK_BOOTTIME); 0.0 where the kernel does not say."""
+    since boot, against CLOCK_BOOTTIME); 0.0 where the kernel does not say. The start is counted
+    in whole ticks, so the age can be up to one tick (`clock_tick_seconds`, 10 ms) too long."""
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of the whole line
+        started = int(fields[19]) * clock_tick_seconds()  # field 22 of the whole line
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0
