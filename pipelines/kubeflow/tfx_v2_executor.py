@@ -37,6 +37,35 @@ _INPUT_BASE_KEY = "input_base"
 _INT64_MAX = 1 << 63
 
 
+def defer_stock_components_package() -> None:
+    """Makes `tfx.components` a package whose `__init__` runs at the first name taken from it.
+
+    That `__init__` imports every stock component (the Evaluator's TFMA with matplotlib, the
+    InfraValidator's Kubernetes client, ...), and every `tfx.components.<step>.executor` import
+    runs it first, whatever the step. The submodules need only the package's path, which the
+    deferred package has; a name of the package's own (`from tfx.components import Trainer`,
+    `tfx.components.Evaluator`) runs the real `__init__` then (PEP 562's module `__getattr__`),
+    so nothing sees a different package, it sees it later. Nothing changes if it is imported
+    already."""
+    if "tfx.components" in sys.modules:
+        return
+    import importlib.util
+
+    import tfx
+
+    spec = importlib.util.find_spec("tfx.components")
+    package = importlib.util.module_from_spec(spec)
+
+    def __getattr__(name: str):
+        del package.__dict__["__getattr__"]  # from now on, the package as TFX made it
+        spec.loader.exec_module(package)
+        return getattr(package, name)
+
+    package.__getattr__ = __getattr__
+    sys.modules["tfx.components"] = package
+    tfx.components = package
+
+
 def _pipeline_spec_pb2():
     """kfp.pipeline_spec's protos without the KFP SDK: `kfp/__init__.py` imports kfp.dsl and the
     client unless _KFP_RUNTIME is "true", the switch KFP sets in its own step containers. Unset
@@ -94,6 +123,7 @@ def load_executor(argv: list[str]):
     from tfx.dsl.components.base import base_executor
     from tfx.utils import import_utils
 
+    defer_stock_components_package()  # ours, not TFX's: what a step does not use, not loaded
     executor_cls = import_utils.import_class_by_path(_parse_flags(argv)[0].executor_class_path)
     # Parsed again now that the executor's modules have defined their absl flags: TFX's entry
     # point, which had imported nearly everything before it parsed, took those out of the Beam

@@ -1,6 +1,9 @@
 """The Kubeflow container entry point's rewriting of the launcher's ExecutorInput and output."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -107,3 +110,25 @@ def test_beam_args_that_are_not_options_are_refused_by_the_config_rule(tmp_path)
     executor_input["inputs"]["parameterValues"]["beam_args"] = '["direct_num_workers=2"]'
     with pytest.raises(ConfigError, match="beam_args must be Beam options starting with '--'"):
         kfp_entrypoint.take_beam_args(executor_input)
+
+
+def test_a_step_loads_no_stock_component_it_does_not_run_yet_the_package_stays_whole():
+    # In a process of its own: the package is deferred only where nothing imported it yet.
+    code = """
+import sys
+from pipelines.kubeflow.tfx_v2_executor import defer_stock_components_package
+defer_stock_components_package()
+import tfx.components.statistics_gen.executor
+print(sorted(m for m in ("matplotlib", "kubernetes", "tfx.components.infra_validator")
+             if m in sys.modules))
+from tfx.components import Trainer, __all__ as names
+import tfx.components
+print(Trainer.__module__, len(names), tfx.components.Evaluator.__name__)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1"}, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded, names = done.stdout.strip().splitlines()[-2:]
+    assert loaded == "[]"  # the InfraValidator (Kubernetes), the Evaluator's plots: not loaded
+    # Taking a name of the package's own runs its __init__: all 16 stock components are there.
+    assert names == "tfx.components.trainer.component 16 Evaluator"
