@@ -117,10 +117,12 @@ def _check_derived_figures(results: dict) -> None:
         accounted = default[f"{which}_accounting"]
         parts = accounted["parts"]
         assert _close(sum(parts.values()), default[f"{which}_wall_seconds"]), which
-        # Phases do not overlap, and exit is what is left: small, never negative beyond the
-        # resolution of the process's start time (the kernel counts it in whole clock ticks).
+        # Phases do not overlap, and exit is what is left: small (a phase that misses work, such
+        # as an import between two phases, fails this), never negative beyond the resolution of
+        # the process's start time (the kernel counts it in whole clock ticks).
         tick = run_phases.clock_tick_seconds()
-        assert -tick <= parts[bench_report.UNACCOUNTED] < 0.25 * accounted["wall_seconds"], parts
+        small = max(2.0, 0.05 * accounted["wall_seconds"])
+        assert -tick <= parts[bench_report.UNACCOUNTED] < small, parts
         assert parts["process start and CLI imports"] > 0
     first = default["first_accounting"]["parts"]
     assert _close(first["step Trainer"], default["first_steps"]["Trainer"]["seconds"])
