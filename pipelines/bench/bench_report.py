@@ -512,11 +512,10 @@ def tables(results: dict[str, Any]) -> str:
 
 
 def _cost(what: str, figure: float, unit: str) -> str:
+    """One of `_largest_costs`' entries as the aims' table shows it (units: s, ratio, rows/s)."""
     if unit == "rows/s":
         return f"{what} {figure:,.0f} rows/s"
-    return f"{what} {figure:.2f}" + (
-        " s" if unit == "s" else f" ({unit})" if unit != "ratio" else ""
-    )
+    return f"{what} {figure:.2f}" + (" s" if unit == "s" else "")
 
 
 def _s(seconds: float | None) -> str:
