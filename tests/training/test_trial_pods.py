@@ -175,7 +175,11 @@ def test_a_trial_pod_past_its_deadline_is_ended_and_a_misspelled_field_refused(
         workers = trial_pods.ClusterTrialWorkers(cluster_job_settings(config), "step",
                                                  str(tmp_path / "search"), deadline_seconds=2,
                                                  refresh_seconds=0.1)  # fmt: skip
-        workers.start("tuner0", {"TFX_SEARCH_JOB": str(tmp_path / "no-job.json")})
+        # A FIFO no one writes: the trial's read of its job blocks, so the pod is still running
+        # at its deadline however fast the machine (a missing file ended it first in 2 s on CI).
+        job = tmp_path / "job-never-written.json"
+        os.mkfifo(job)
+        workers.start("tuner0", {"TFX_SEARCH_JOB": str(job)})
         deadline = time.monotonic() + 30
         while workers.exit_codes()["tuner0"] is None:
             assert time.monotonic() < deadline, "the pod outlived its deadline"
