@@ -209,13 +209,45 @@ def aims(results: dict[str, Any]) -> list[dict]:
         figures["Kubeflow step start-up over bare import tensorflow (each step)"] = max(
             s["ratio"] for s in start["steps"].values()
         )
-    costs = _largest_costs(results)
+    costs, earlier = _largest_costs(results), before_figures(results)
     out = []
     for aim, (limit, kind, unit) in AIMS.items():
         figure = figures[aim]
         met = None if figure is None else (figure <= limit if kind == "max" else figure >= limit)
         out.append({"aim": aim, "limit": limit, "kind": kind, "unit": unit, "figure": figure,
-                    "met": met, "largest_costs": costs.get(aim, [])})  # fmt: skip
+                    "met": met, "before": earlier.get(aim),
+                    "largest_costs": costs.get(aim, [])})  # fmt: skip
+    return out
+
+
+def before_figures(results: dict[str, Any]) -> dict[str, float]:
+    """Each aim's figure on the before commit, from its runs in this bench run (an aim it has
+    no run for is left out: its cost per row would need two sizes, it runs one of each)."""
+    before, d = results.get("before"), results.get("default_run")
+    if not before:
+        return {}
+    out: dict[str, float] = {}
+    first = before["runs"].get(str(d["rows"])) if d else None
+    if first:
+        out["first make run, wall seconds"] = first["wall_seconds"]
+        again = before.get("nothing_new")
+        if again and again["rows"] == d["rows"]:
+            out["nothing new, share of the first run"] = (
+                again["wall_seconds"] / first["wall_seconds"]
+            )
+    large = [run for run in before["runs"].values() if run["rows"] >= LARGE_ROWS]
+    if large:
+        out["ExampleGen rows/s at 1,000,000 rows or more"] = min(
+            run["rows_per_second"]["ExampleGen"] for run in large
+        )
+        out["Evaluator eval rows/s at 1,000,000 rows (about 200,000 eval rows) or more"] = min(
+            run["rows_per_second"]["Evaluator"] for run in large
+        )
+    then = (results.get("startup") or {}).get("before")
+    if then and then["steps"]:
+        out["Kubeflow step start-up over bare import tensorflow (each step)"] = max(
+            s["ratio"] for s in then["steps"].values()
+        )
     return out
 
 
@@ -230,7 +262,17 @@ def _largest_costs(results: dict[str, Any], top: int = 3) -> dict[str, list[list
 
     d = results.get("default_run")
     if d and "first_accounting" in d:
-        costs["first make run, wall seconds"] = largest(d["first_accounting"]["parts"])
+        # Then the steps alone (what no start-up cut removes) and stock TFX's at equal work.
+        steps = sum(step["seconds"] for step in d["first_steps"].values())
+        costs["first make run, wall seconds"] = largest(d["first_accounting"]["parts"]) + [
+            ["the steps together", round(steps, 2), "s"]
+        ]
+        compared = results.get("stock_comparison")
+        if compared and compared["training_steps"]["equal"]:
+            theirs = sum(step["seconds"] for step in results["stock"]["steps"].values())
+            costs["first make run, wall seconds"].append(
+                ["stock TFX's steps on the same rows and training steps", round(theirs, 2), "s"]
+            )
         costs["nothing new, share of the first run"] = largest(d["nothing_new_accounting"]["parts"])
     ratio = results.get("cost_per_row_ratio")
     if ratio:
@@ -299,16 +341,23 @@ def tables(results: dict[str, Any]) -> str:
         out.append(f"The DAG measured (the default run's steps, in order): "
                    f"{', '.join(d['first_steps'])}.\n\n")  # fmt: skip
     out.append("## The aims\n\n")
+    commit = (results.get("before") or {}).get("commit", "the before commit")
     rows = [[a["aim"], ("≤ " if a["kind"] == "max" else "≥ ") + _figure(a["limit"], a["unit"]),
              NOT_MEASURED if a["figure"] is None else _figure(a["figure"], a["unit"]),
+             "-" if a.get("before") is None else _figure(a["before"], a["unit"]),
              "-" if a["met"] is None else ("yes" if a["met"] else "**no**"),
              "; ".join(_cost(*cost) for cost in a["largest_costs"])]
             for a in results["aims"]]  # fmt: skip
-    out.append(_table(["aim", "limit", "this run", "met", "largest costs (this run)"], rows))
-    out.append("\nThe last column: the run's largest parts of the wall time; the steps' worst "
-               "cost-per-row ratios; TFMA on the eval split with its work taken away (the "
-               "Evaluator's section below); the imports that cost the slowest-starting step most "
-               "beyond a bare `import tensorflow`.\n\n")  # fmt: skip
+    out.append(_table(["aim", "limit", "this run", f"before ({commit}, this run)", "met",
+                       "largest costs (this run)"], rows))  # fmt: skip
+    out.append("\nThe before column: the same figure from the before commit's runs in this "
+               "bench run (its first runs of the default rows and the largest size, its run "
+               "with nothing new, its compiled spec's step start-up); '-' where it has no run "
+               "for it. The last column: the run's largest parts of the wall time, then the steps "
+               "together and stock TFX's steps at equal work (what no start-up cut removes); "
+               "the steps' worst cost-per-row ratios; TFMA on the eval split with its work taken "
+               "away (the Evaluator's section below); the imports that cost the slowest-starting "
+               "step most beyond a bare `import tensorflow`.\n\n")  # fmt: skip
     e2e = results.get("end_to_end")
     if e2e:
         sizes = sorted(e2e, key=int)
@@ -466,15 +515,35 @@ def tables(results: dict[str, Any]) -> str:
             "each module's own time, summed per top-level package), and the packages "
             "that cost a step most beyond what the bare import spends on them.\n\n"
         )
+        before = start.get("before")
+        then = before["steps"] if before else {}
+        if before:
+            out.append(
+                f"Before: commit {before['commit']}'s compiled spec and step code, measured in "
+                f"this run in rounds alternating with this commit's, each step over the bare "
+                f"imports of its own side's rounds "
+                f"({_s(before['bare_import_tensorflow']['seconds'])} s there).\n\n"
+            )
+
+        def earlier(name: str) -> list[str]:
+            if not before:
+                return []
+            if name not in then:
+                return ["", ""]
+            return [_s(then[name]["seconds"]), f"{then[name]['ratio']:.2f}"]
+
+        bare_then = [_s(before["bare_import_tensorflow"]["seconds"]), "1.00"] if before else []
         rows = [["bare `import tensorflow`", _s(bare["seconds"]), f"{bare['rss_mb']:.0f}", "1.00",
-                 _s(bare.get("imports_seconds")), ""]]  # fmt: skip
+                 *bare_then, _s(bare.get("imports_seconds")), ""]]  # fmt: skip
         rows += [[name, _s(s["seconds"]), f"{s['rss_mb']:.0f}", f"{s['ratio']:.2f}",
-                  _s(s.get("imports_seconds")),
+                  *earlier(name), _s(s.get("imports_seconds")),
                   ", ".join(f"{package} {seconds:.2f}" for package, seconds
                             in s.get("imports_beyond_bare", {}).items())]
                  for name, s in start["steps"].items()]  # fmt: skip
-        out.append(_table(["step", "seconds", "memory MB", "× bare", "imports s",
-                           "beyond the bare import (s)"], rows))  # fmt: skip
+        headers = ["step", "seconds", "memory MB", "× bare"]
+        if before:
+            headers += [f"seconds before ({before['commit']})", "× bare before"]
+        out.append(_table([*headers, "imports s", "beyond the bare import (s)"], rows))
     beam = results.get("beam")
     if beam:
         out.append(f"\n## Beam runners ({beam['rows']:,} rows)\n\n")

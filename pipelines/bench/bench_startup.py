@@ -208,6 +208,8 @@ def measure(
     say: Callable[[str], None] = print,
     steps: Iterable[str] | None = None,
     python: str = sys.executable,
+    source: Path | None = None,
+    profile_imports: bool = True,
 ) -> dict:
     """Median start-up of each distinct step executor in the compiled spec (or of the tasks
     named in `steps`) and of a bare `import tensorflow`, in the same interpreter (`python`, the
@@ -219,8 +221,21 @@ def measure(
     `seconds` runs from the process's start to its import-done line, `rss_mb` is its peak RSS
     then, `ratio` a step's seconds over the bare import's, `executor` its class path. Runs are
     interleaved (bare, step 1, step 2, ..., bare, ...) so that the machine's noise is shared.
-    StartupFailed when a process ends before its line."""
+    StartupFailed when a process ends before its line.
+
+    `source`: a checkout of another commit whose code the steps run (its spec's command lines,
+    with its root first on PYTHONPATH, as the bench's before side runs a pipeline); the bare
+    import runs beside them all the same. `profile_imports=False` leaves out the extra run
+    per step that says where the seconds go (no `imports_*` keys)."""
     commands = step_commands(load_spec(spec_path), steps)
+    cwd = source or REPO_ROOT
+
+    def environment(root: Path) -> dict[str, str]:
+        env = _pod_environment(root, python)
+        if source:
+            env["PYTHONPATH"] = str(source)  # its packages before the venv's editable install
+        return env
+
     samples: dict[str, list[dict]] = {BARE: [], **{name: [] for name in commands}}
     for round_ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
@@ -238,10 +253,10 @@ def measure(
                 argv = [part.replace("{{$}}", placeholder) for part in step["argv"]]
                 if argv[0] == "python":  # the image's python is its venv's
                     argv[0] = python
-                result = time_to_line(argv, EXECUTOR_STARTS, _pod_environment(root, python))
+                result = time_to_line(argv, EXECUTOR_STARTS, environment(root), cwd)
                 samples[task_name].append(result)
                 say(f"[{round_ + 1}/{repeats}] {task_name}: {_figures(result)}")
-        if round_ == 0:  # where the seconds go, once: timing imports slows them a little
+        if round_ == 0 and profile_imports:  # once: timing imports slows them a little
             with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
                 bare_env = _pod_environment(Path(folder), python)
                 imports = {BARE: import_seconds([python, "-c", _BARE_CODE], _BARE_DONE, bare_env)}
@@ -254,19 +269,40 @@ def measure(
                     imports[task_name] = import_seconds(argv, EXECUTOR_STARTS,
                                                         _pod_environment(root, python))  # fmt: skip
     bare = _median(samples[BARE])
-    return {
-        BARE: {**bare, "imports_seconds": round(sum(imports[BARE].values()), 2)},
-        "steps": {
-            name: {
-                **_median(samples[name]),
-                "ratio": round(_median(samples[name])["seconds"] / bare["seconds"], 2),
-                "executor": commands[name]["executor"],
-                "imports_seconds": round(sum(imports[name].values()), 2),
-                "imports_beyond_bare": beyond_bare(imports[name], imports[BARE]),
-            }
-            for name in commands
-        },
-    }
+    results = {BARE: bare, "steps": {}}
+    for name in commands:
+        step = results["steps"][name] = {
+            **_median(samples[name]),
+            "ratio": round(_median(samples[name])["seconds"] / bare["seconds"], 2),
+            "executor": commands[name]["executor"],
+        }
+        if profile_imports:
+            step["imports_seconds"] = round(sum(imports[name].values()), 2)
+            step["imports_beyond_bare"] = beyond_bare(imports[name], imports[BARE])
+    if profile_imports:
+        bare["imports_seconds"] = round(sum(imports[BARE].values()), 2)
+    return results
+
+
+def combine(rounds: list[dict]) -> dict:
+    """`measure`'s results of several rounds (each of one repeat) as one result: the median of
+    each figure, ratios of the medians, the import figures from the round that has them."""
+    steps = rounds[0]["steps"]
+    bare = _median([r[BARE] for r in rounds])
+    out = {BARE: bare, "steps": {}}
+    for name in steps:
+        step = out["steps"][name] = {
+            **_median([r["steps"][name] for r in rounds]),
+            "executor": steps[name]["executor"],
+        }
+        step["ratio"] = round(step["seconds"] / bare["seconds"], 2)
+    profiled = next((r for r in rounds if "imports_seconds" in r[BARE]), None)
+    if profiled:
+        bare["imports_seconds"] = profiled[BARE]["imports_seconds"]
+        for name, step in out["steps"].items():
+            step["imports_seconds"] = profiled["steps"][name]["imports_seconds"]
+            step["imports_beyond_bare"] = profiled["steps"][name]["imports_beyond_bare"]
+    return out
 
 
 def import_seconds(argv: list[str], marker: str, env: dict[str, str]) -> dict[str, float]:

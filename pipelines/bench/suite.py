@@ -12,6 +12,7 @@ a chart of time per step against rows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,13 +180,7 @@ class Bench:
         out in a worktree of its own and run with this venv, side by side with this commit's:
         a first run of the default rows and one of the largest size (the largest alone with
         --tiny)."""
-        source = BENCH_WORK / "before-source"
-        _git("worktree", "remove", "--force", str(source), check=False)
-        shutil.rmtree(source, ignore_errors=True)
-        _git("worktree", "prune")
-        _git("worktree", "add", "--detach", str(source), self.before_rev)
-        try:
-            commit = _git("rev-parse", "--short", self.before_rev)
+        with self.before_checkout() as (source, commit):
             runs = {}
             sizes = [max(self.sizes)] if self.tiny else sorted({self.default_rows, max(self.sizes)})
             for rows in sizes:
@@ -211,6 +206,17 @@ class Bench:
                 "nothing_new": {"rows": rows, "wall_seconds": again["wall_seconds"],
                                 "phases": again["phases"]},
             }  # fmt: skip
+
+    @contextlib.contextmanager
+    def before_checkout(self) -> Iterator[tuple[Path, str]]:
+        """(a worktree of the before commit, its short hash), removed afterwards."""
+        source = BENCH_WORK / "before-source"
+        _git("worktree", "remove", "--force", str(source), check=False)
+        shutil.rmtree(source, ignore_errors=True)
+        _git("worktree", "prune")
+        _git("worktree", "add", "--detach", str(source), self.before_rev)
+        try:
+            yield source, _git("rev-parse", "--short", self.before_rev)
         finally:
             _git("worktree", "remove", "--force", str(source), check=False)
 
@@ -242,8 +248,22 @@ class Bench:
     def startup(self, spec: Path = SPEC_PATH) -> None:
         from pipelines.bench import bench_startup
 
-        self.say("Kubeflow step start-up ...")
-        self.results["startup"] = bench_startup.measure(spec, repeats=self.repeats, say=self.say)
+        # Side by side with the before commit's compiled spec and step code: rounds alternate
+        # between the two, so the machine's noise hits both; each side's steps over its bare
+        # imports of the same rounds.
+        rounds: dict[str, list[dict]] = {"after": [], "before": []}
+        with self.before_checkout() as (source, commit):
+            for index in range(self.repeats):
+                self.say(f"Kubeflow step start-up, round {index + 1}/{self.repeats} ...")
+                rounds["after"].append(bench_startup.measure(
+                    spec, repeats=1, say=self.say, profile_imports=index == 0))  # fmt: skip
+                self.say(f"  before (commit {commit}):")
+                rounds["before"].append(bench_startup.measure(
+                    source / spec.relative_to(REPO_ROOT), repeats=1, say=self.say,
+                    source=source, profile_imports=False))  # fmt: skip
+        result = bench_startup.combine(rounds["after"])
+        result["before"] = {"commit": commit, **bench_startup.combine(rounds["before"])}
+        self.results["startup"] = result
 
     def beam(self) -> None:
         """The Beam steps under each Beam mode, on the default run's rows."""

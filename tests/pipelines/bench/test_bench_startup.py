@@ -32,6 +32,43 @@ def test_measure_times_a_step_to_its_import_done_line_next_to_a_bare_tensorflow_
     assert step["executor"] == "components.steps.baseline.LatestPushedModelExecutor"
 
 
+def test_measure_runs_the_steps_of_another_checkout_when_given_its_source(tmp_path):
+    """The bench's before side: the checkout's own entry point runs, not this one's. Here a
+    checkout whose entry point imports nothing and says it is ready at once."""
+    entry = tmp_path / "pipelines" / "kubeflow"
+    entry.mkdir(parents=True)
+    for package in (tmp_path / "pipelines", entry):
+        (package / "__init__.py").write_text("")
+    (entry / "kfp_entrypoint.py").write_text(
+        f"import time\nprint('elsewhere {bench_startup.EXECUTOR_STARTS}', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+
+    results = bench_startup.measure(SPEC, repeats=1, say=lambda _: None, steps=[CHEAP_STEP],
+                                    source=tmp_path, profile_imports=False)  # fmt: skip
+
+    step = results["steps"][CHEAP_STEP]
+    assert step["ratio"] < 0.5, results  # this checkout's step imports TensorFlow: above 1
+    assert "imports_seconds" not in step and "imports_seconds" not in results[bench_startup.BARE]
+
+
+def test_rounds_combine_into_medians_and_ratios_of_the_medians():
+    def round_(bare: float, step: float, profiled: bool) -> dict:
+        imports = {"imports_seconds": 1.0} if profiled else {}
+        extra = {"imports_seconds": 2.0, "imports_beyond_bare": {"scipy": 0.3}} if profiled else {}
+        return {bench_startup.BARE: {"seconds": bare, "rss_mb": 500, **imports},
+                "steps": {"a": {"seconds": step, "rss_mb": 700, "ratio": step / bare,
+                                "executor": "x.Y", **extra}}}  # fmt: skip
+
+    combined = bench_startup.combine([round_(2.0, 5.0, True), round_(3.0, 4.0, False),
+                                      round_(2.5, 9.0, False)])  # fmt: skip
+
+    assert combined[bench_startup.BARE] == {"seconds": 2.5, "rss_mb": 500, "imports_seconds": 1.0}
+    assert combined["steps"]["a"] == {"seconds": 5.0, "rss_mb": 700, "executor": "x.Y",
+                                      "ratio": 2.0, "imports_seconds": 2.0,
+                                      "imports_beyond_bare": {"scipy": 0.3}}  # fmt: skip
+
+
 def test_a_step_that_crashes_before_its_import_done_line_fails_the_measurement(tmp_path):
     with open(SPEC) as f:
         spec, platform = yaml.safe_load_all(f)
