@@ -227,6 +227,8 @@ def measure(
     with its root first on PYTHONPATH, as the bench's before side runs a pipeline); the bare
     import runs beside them all the same. `profile_imports=False` leaves out the extra run
     per step that says where the seconds go (no `imports_*` keys)."""
+    if source and profile_imports:  # import_seconds runs this checkout's code
+        raise ValueError("profile_imports=True measures this checkout: pass False with source")
     commands = step_commands(load_spec(spec_path), steps)
     cwd = source or REPO_ROOT
 

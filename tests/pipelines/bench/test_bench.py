@@ -79,7 +79,8 @@ def test_bench_tiny_runs_every_part_and_reports_it(tmp_path):
     assert re.search(r"commit [0-9a-f]{7}", markdown)
     assert "RunReport" in markdown.split("## The aims")[0]  # the DAG it measured, every step
     assert "largest costs (this run)" in markdown
-    assert "× bare before" in markdown and f"before ({results['before']['commit']}" in markdown
+    assert "× bare before" in markdown
+    assert f"before ({results['before']['commit']}, this run)" in markdown  # the aims' column
     _check_derived_figures(results)
     _check_every_number_is_measured(markdown, results)
 
@@ -186,8 +187,11 @@ def _check_derived_figures(results: dict) -> None:
         bare_then = then["bare_import_tensorflow"]["seconds"]
         assert _close(step["ratio"], step["seconds"] / bare_then, tolerance=0.01), name
     assert started["before"] == max(s["ratio"] for s in then["steps"].values())
-    # --tiny's before side runs 1,000 rows alone: no before figure for the 2,000-row default run.
-    assert made["before"] is None
+    # --tiny's before side runs 1,000 rows alone: no before figure for the 2,000-row default run
+    # (nor its run with nothing new), none for cost per row, none at 1M rows.
+    assert [aim["aim"] for aim in results["aims"] if aim["before"] is not None] == [
+        "Kubeflow step start-up over bare import tensorflow (each step)"
+    ]
     # A tiny run has no 1M rows: that aim says "not measured", not a figure from elsewhere.
     assert aims["ExampleGen rows/s at 1,000,000 rows or more"]["figure"] is None
     evaluated = aims["Evaluator eval rows/s at 1,000,000 rows (about 200,000 eval rows) or more"]
