@@ -8,8 +8,8 @@ PY := $(VENV)/bin/python
 UV_VERSION := 0.13.8
 ARGS ?=
 
-.PHONY: ci venv run test lint format add-span store bench lock clean compile submit schedule images \
-	base-image
+.PHONY: ci venv run test lint format add-span store bench lock clean compile specs submit schedule \
+	images base-image
 
 venv: $(VENV)/.installed
 
@@ -86,16 +86,20 @@ lock:
 clean:
 	rm -rf .work
 
-# Kubeflow: regenerate kubeflow/pipeline-<use case>.yaml, one per shipped use case (commit them;
-# a test fails when one is stale). With SPEC, one spec of the configured use case (use_case,
-# PIPELINE_USE_CASE) goes there: CI compiles with per-commit image tags (PIPELINE_CPU_IMAGE,
-# PIPELINE_GPU_IMAGE). submit and schedule take SPEC, else the configured use case's spec.
+# Kubeflow: compile the configured use case (use_case, PIPELINE_USE_CASE) with your settings
+# (ARGS="--set cpu_image=... --set gpu_image=...", PIPELINE_* variables) into
+# .work/kubeflow/pipeline-<use case>.yaml, or SPEC: what submit, schedule and watch send.
+# `make specs` rewrites the committed kubeflow/pipeline-<name>.yaml of every shipped use case from
+# the defaults alone (commit them; a test fails when one is stale); compile never writes them.
 SPEC ?=
 compile: venv
-	@$(PY) -m pipelines.cli compile $(if $(SPEC),--output "$(SPEC)",--all-use-cases) $(ARGS)
+	@$(PY) -m pipelines.cli compile $(if $(SPEC),--output "$(SPEC)") $(ARGS)
 
-# Kubeflow: one run of SPEC, and the recurring run (CRON, 5 fields; REPLACE=1 moves an existing
-# one of the same name to SPEC, as CI does after a merge). The endpoint is KFP_ENDPOINT, a
+specs: venv
+	@$(PY) -m pipelines.cli compile --committed $(ARGS)
+
+# Kubeflow: one run of SPEC (default: what `make compile` wrote), and the recurring run (CRON,
+# 5 fields; REPLACE=1 moves an existing one of the same name to SPEC, as CI does after a merge). The endpoint is KFP_ENDPOINT, a
 # bearer token (if the API wants one) KFP_TOKEN.
 CRON ?=
 REPLACE ?=

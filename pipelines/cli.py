@@ -31,11 +31,14 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 from components.base import console  # noqa: E402
 from components.base.config import (  # noqa: E402
     DEFAULT_DRIFT,
+    ENV_PREFIX,
     FIELDS,
+    OTHER_ENV,
     REPO_ROOT,
     ConfigError,
     PipelineConfig,
     check_values,
+    compiled_spec_path,
     parse_assignments,
     spec_path,
 )
@@ -377,22 +380,49 @@ def cmd_schema(args: argparse.Namespace, config: PipelineConfig) -> int:
 
 
 def cmd_compile(args: argparse.Namespace, config: PipelineConfig) -> int:
+    from components.base import use_case
     from pipelines.kubeflow import kubeflow_runner
 
-    if args.all_use_cases and args.output:
+    if args.committed:
+        return _compile_committed(args)
+    output = Path(args.output) if args.output else compiled_spec_path(config.use_case)
+    committed = {spec_path(name).resolve() for name in use_case.shipped()}
+    if output.resolve() in committed:
         raise ConfigError(
-            "--all-use-cases writes kubeflow/pipeline-<name>.yaml: leave out --output"
+            f"--output {args.output}: that is a committed spec, which only `make specs` writes "
+            "(from the defaults, as the stale-spec test expects); leave out --output (SPEC) to "
+            f"write {_shown(compiled_spec_path(config.use_case))}, or name another file"
         )
-    from components.base import use_case
-
-    names = use_case.shipped() if args.all_use_cases else [config.use_case]
-    for name in names:
-        # Each use case's own defaults (names, bars), under what the environment and --set give.
-        one = config if name == config.use_case else _load_config(args, use_case=name)
-        path = kubeflow_runner.write(one, Path(args.output) if args.output else spec_path(name))
-        console.say(f"Wrote {path} (use case {name}, cpu image {one.cpu_image}, gpu image "
-                    f"{one.gpu_image}).")  # fmt: skip
+    path = kubeflow_runner.write(config, output)
+    console.say(f"Wrote {_shown(path)} (use case {config.use_case}, cpu image "
+                f"{config.cpu_image}, gpu image {config.gpu_image}).")  # fmt: skip
     return 0
+
+
+def _compile_committed(args: argparse.Namespace) -> int:
+    """Every shipped use case's committed spec, from its defaults alone."""
+    from components.base import use_case
+    from pipelines.kubeflow import kubeflow_runner
+
+    given = [f"--set {name}" for name in parse_assignments(args.set or [])]
+    given += [f"--output {args.output}"] if args.output else []
+    given += sorted(n for n in os.environ if n.startswith(ENV_PREFIX) and n not in OTHER_ENV)
+    if given:
+        raise ConfigError(
+            f"--committed compiles the defaults alone; remove {', '.join(given)} (to compile "
+            "with your settings, `make compile` writes .work/kubeflow/pipeline-<use case>.yaml)"
+        )
+    for name in use_case.shipped():
+        path = kubeflow_runner.write(PipelineConfig.load({"use_case": name}, environ={}),
+                                     spec_path(name))  # fmt: skip
+        console.say(f"Wrote {_shown(path)} (use case {name}, the defaults).")
+    return 0
+
+
+def _shown(path: Path) -> str:
+    """A path as the reader typed it: relative to the repository when inside it."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
 def _parameters(args: argparse.Namespace) -> dict[str, str]:
@@ -402,7 +432,7 @@ def _parameters(args: argparse.Namespace) -> dict[str, str]:
 def cmd_submit(args: argparse.Namespace, config: None) -> int:
     from pipelines.kubeflow import kfp_client
 
-    package = args.package or _default_package()
+    package = _package(args)
     run_id = kfp_client.submit(args.endpoint, package, _parameters(args), args.experiment,
                                args.namespace)  # fmt: skip
     console.say(f"Started run {run_id} of {package} on {args.endpoint}.")
@@ -413,7 +443,7 @@ def cmd_schedule(args: argparse.Namespace, config: None) -> int:
     from pipelines.kubeflow import kfp_client
 
     job_id = kfp_client.schedule(
-        args.endpoint, args.package or _default_package(), args.cron,
+        args.endpoint, _package(args), args.cron,
         _parameters(args), args.experiment, args.name,
         args.namespace, replace=args.replace, say=console.say,
     )  # fmt: skip
@@ -446,7 +476,7 @@ def cmd_watch(args: argparse.Namespace, config: PipelineConfig) -> int:
         check_values("watch", {"watch_interval": interval}, {"watch_interval": "--interval"})
     from pipelines import watch
 
-    package = args.package or str(spec_path(config.use_case))
+    package = args.package or str(compiled_spec_path(config.use_case))
     return watch.main(config, interval, args.once, args.endpoint, package, args.experiment,
                       args.log_path, args_line())  # fmt: skip
 
@@ -572,9 +602,13 @@ def build_parser() -> argparse.ArgumentParser:
     compile_ = add(
         "compile", cmd_compile, "Compile the pipeline into a Kubeflow Pipelines v2 spec."
     )
-    compile_.add_argument("--output", help="default: kubeflow/pipeline-<use case>.yaml")
-    compile_.add_argument("--all-use-cases", action="store_true",
-                          help="one kubeflow/pipeline-<name>.yaml per use case")  # fmt: skip
+    compile_.add_argument("--output", help="default: .work/kubeflow/pipeline-<use case>.yaml "
+                          "(what submit, schedule and watch send); never a committed "
+                          "kubeflow/pipeline-<name>.yaml")  # fmt: skip
+    compile_.add_argument("--committed", action="store_true",
+                          help="rewrite the committed kubeflow/pipeline-<name>.yaml of every "
+                          "shipped use case from its defaults (`make specs`); refuses --set, "
+                          "--output and PIPELINE_* settings")  # fmt: skip
 
     def add_kfp(
         name: str, handler, help_text: str, package: bool = True
@@ -589,8 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "runs (default: $KFP_NAMESPACE)")  # fmt: skip
         if package:
             sub.has_param = True
-            sub.add_argument("--package", help="compiled spec to upload "
-                             "(default: kubeflow/pipeline-<use case>.yaml)")  # fmt: skip
+            sub.add_argument("--package", help="compiled spec to upload (default: .work/"
+                             "kubeflow/pipeline-<use case>.yaml, `make compile`)")  # fmt: skip
             sub.add_argument("--experiment", help="KFP experiment (default: the pipeline's name)")
             sub.add_argument("--param", action="append", metavar="NAME=VALUE",
                              help="pipeline parameter for the run(s); repeatable")  # fmt: skip
@@ -728,8 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds between polls, 5-3600 (default: watch_interval)")  # fmt: skip
     watch.add_argument("--endpoint", metavar="URL",
                        help="submit each run to this KFP API (default: run it here)")  # fmt: skip
-    watch.add_argument("--package", help="with --endpoint: compiled spec "
-                       "(default: kubeflow/pipeline-<use case>.yaml)")  # fmt: skip
+    watch.add_argument("--package", help="with --endpoint: compiled spec (default: "
+                       ".work/kubeflow/pipeline-<use case>.yaml, `make compile`)")  # fmt: skip
     watch.add_argument("--experiment", help="with --endpoint: KFP experiment (default: the "
                        "pipeline's name)")  # fmt: skip
     return parser
@@ -767,9 +801,20 @@ def _report(error: Exception, log, log_path: Path) -> int:
     return 1
 
 
-def _default_package() -> str:
-    """The committed spec of the use case PIPELINE_USE_CASE names (else the default one)."""
-    return str(spec_path(os.environ.get("PIPELINE_USE_CASE") or FIELDS["use_case"].default))
+def _package(args: argparse.Namespace) -> str:
+    """--package, else the compiled spec (`make compile`) of the use case PIPELINE_USE_CASE
+    names (else the default one), which must exist."""
+    if args.package:
+        return args.package
+    name = os.environ.get("PIPELINE_USE_CASE") or FIELDS["use_case"].default
+    compiled = compiled_spec_path(name)
+    if not compiled.is_file():
+        raise ConfigError(
+            f'no compiled spec at {_shown(compiled)}: run `make compile ARGS="--set cpu_image=... '
+            '--set gpu_image=..."` with your images (kubeflow/README.md, section 2), or pass '
+            "--package (SPEC) to send another"
+        )
+    return str(compiled)
 
 
 def _load_config(args: argparse.Namespace, **fixed: str) -> PipelineConfig:

@@ -254,7 +254,8 @@ def kfp_trigger(
         kfp_client.check_endpoint(endpoint)
         if not Path(package).is_file():
             raise kfp_client.KubeflowError(
-                f"no compiled spec at {package}: run `make compile` or pass --package."
+                f"no compiled spec at {package}: run `make compile` (kubeflow/README.md, "
+                "section 2) or pass --package."
             )
 
     def trigger(span: int) -> str:

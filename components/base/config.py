@@ -317,8 +317,17 @@ def spec_path(use_case: str) -> Path:
     return REPO_ROOT / "kubeflow" / f"pipeline-{use_case}.yaml"
 
 
-# The default use case's spec (`make submit`, `tkp watch --endpoint` without --package).
+# The default use case's committed spec (the stale-spec test, the bench's start-up part).
 SPEC_PATH = spec_path(FIELDS["use_case"].default)
+
+
+def compiled_spec_path(use_case: str) -> Path:
+    """Where `make compile` writes a use case's spec with the operator's settings (image tags,
+    roots), and what `make submit`, `make schedule` and `tkp watch --endpoint` send unless given
+    another: .work/kubeflow/pipeline-<use case>.yaml. Never the committed spec, which carries
+    the defaults' example image tags and is rewritten only by `make specs`."""
+    return WORK_DIR / "kubeflow" / f"pipeline-{use_case}.yaml"
+
 
 # Settable per run (Kubeflow UI, recurring runs); the config gives their defaults. The local
 # runner uses the defaults, so both runners run the same definition (pipelines/pipeline.py).

@@ -151,7 +151,8 @@ def _spec(package_path: str) -> dict:
         return spec
     except (OSError, yaml.YAMLError, StopIteration, KeyError, TypeError, AttributeError) as error:
         raise KubeflowError(
-            f"{package_path} is not a compiled pipeline spec ({error!r}); run `make compile`."
+            f"{package_path} is not a compiled pipeline spec ({error!r}); run `make compile` "
+            "(kubeflow/README.md, section 2) or pass another --package (SPEC)."
         ) from None
 
 

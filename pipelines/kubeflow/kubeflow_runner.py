@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -241,7 +242,7 @@ def _platform_spec(config: PipelineConfig, executors: dict, trainer_executor: st
 def render(config: PipelineConfig) -> str:
     spec, platform = compile_documents(config)
     header = (
-        "# Compiled by `make compile` from pipelines/pipeline.py; do not edit by hand.\n"
+        "# Compiled by `tkp compile` from pipelines/pipeline.py; do not edit by hand.\n"
         f"# Parameters (defaults): {json.dumps(_defaults(spec), sort_keys=True)}\n"
     )
     return header + yaml.safe_dump_all([spec, platform], sort_keys=True)
@@ -253,8 +254,11 @@ def _defaults(spec: dict) -> dict:
 
 
 def write(config: PipelineConfig, path: Path) -> Path:
+    """The spec written whole or not at all: a reader (a test, `make submit`) never sees half."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(config))
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(render(config))
+    os.replace(partial, path)
     return path
 
 

@@ -48,16 +48,16 @@ def spec_config(request) -> PipelineConfig:
 
 @pytest.fixture(scope="module")
 def documents(spec_config) -> tuple[dict, dict]:
-    """The use case's committed spec (kubeflow/pipeline-<name>.yaml, what `make submit` sends),
+    """The use case's committed spec (kubeflow/pipeline-<name>.yaml, the defaults' compile),
     which test_committed_spec_matches_the_pipeline_definition keeps equal to its compile."""
     return kubeflow_runner.load_documents(spec_path(spec_config.use_case))
 
 
 @pytest.mark.parametrize("name", use_case.shipped())
 def test_committed_spec_matches_the_pipeline_definition(name):
-    """One committed spec per shipped use case, each as `make compile` writes it."""
+    """One committed spec per shipped use case, each as `make specs` writes it."""
     expected = kubeflow_runner.render(PipelineConfig.load({"use_case": name}, environ={}))
-    assert spec_path(name).read_text() == expected, "stale: run `make compile`"
+    assert spec_path(name).read_text() == expected, "stale: run `make specs`"
 
 
 def test_each_spec_file_is_a_shipped_use_case():
