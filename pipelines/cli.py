@@ -476,8 +476,7 @@ def cmd_watch(args: argparse.Namespace, config: PipelineConfig) -> int:
         check_values("watch", {"watch_interval": interval}, {"watch_interval": "--interval"})
     from pipelines import watch
 
-    package = args.package or str(compiled_spec_path(config.use_case))
-    return watch.main(config, interval, args.once, args.endpoint, package, args.experiment,
+    return watch.main(config, interval, args.once, args.endpoint, args.package, args.experiment,
                       args.log_path, args_line())  # fmt: skip
 
 
@@ -762,8 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds between polls, 5-3600 (default: watch_interval)")  # fmt: skip
     watch.add_argument("--endpoint", metavar="URL",
                        help="submit each run to this KFP API (default: run it here)")  # fmt: skip
-    watch.add_argument("--package", help="with --endpoint: compiled spec (default: "
-                       ".work/kubeflow/pipeline-<use case>.yaml, `make compile`)")  # fmt: skip
+    watch.add_argument("--package", help="with --endpoint: upload this compiled spec (if "
+                       "changed) and run it (default: run the pipeline's newest version on the "
+                       "server, what make submit or make schedule uploaded last)")  # fmt: skip
     watch.add_argument("--experiment", help="with --endpoint: KFP experiment (default: the "
                        "pipeline's name)")  # fmt: skip
     return parser

@@ -244,22 +244,30 @@ def local_trigger(
 
 
 def kfp_trigger(
-    config: PipelineConfig, endpoint: str, package: str, experiment: str
+    config: PipelineConfig, endpoint: str, package: str | None, experiment: str
 ) -> tuple[Trigger, Callable[[], None]]:
-    """Submits a run per span. `data_root` goes with `span`: the run must read the root this
-    watcher saw the span in, whatever root the spec was compiled with."""
+    """Submits a run per span: of the pipeline's newest version on the server (config
+    `pipeline_name`; what `make submit`/`make schedule`, CI after a merge, uploaded last), or
+    of `package`, uploaded first when it changed. `data_root` goes with `span`: the run must
+    read the root this watcher saw the span in, whatever root the spec was compiled with."""
     from pipelines.kubeflow import kfp_client
 
     def ready() -> None:
+        if package is None:
+            kfp_client.check_pipeline(endpoint, config.pipeline_name)
+            return
         kfp_client.check_endpoint(endpoint)
         if not Path(package).is_file():
             raise kfp_client.KubeflowError(
                 f"no compiled spec at {package}: run `make compile` (kubeflow/README.md, "
-                "section 2) or pass --package."
+                "section 2), or leave out --package to run the pipeline's newest version."
             )
 
     def trigger(span: int) -> str:
         parameters = {"span": span, "data_root": config.data_root}
+        if package is None:
+            return kfp_client.submit_newest(endpoint, config.pipeline_name, parameters,
+                                            experiment)  # fmt: skip
         return kfp_client.submit(endpoint, package, parameters, experiment)
 
     return trigger, ready
@@ -380,7 +388,7 @@ def main(
     interval: int,
     once: bool,
     endpoint: str | None,
-    package: str,
+    package: str | None,
     experiment: str,
     log_path: Path | None,
     command: str = "tkp watch",

@@ -5,8 +5,10 @@ answers, parameter names and types, the cron expression) is checked before anyth
 so a typo never leaves a half-created pipeline version or schedule behind.
 
 Authentication: where the API sits behind an authenticating proxy (multi-user Kubeflow), a
-bearer token in KFP_TOKEN (a ServiceAccount token, a CI secret) goes with every request; it is
-never printed, and never follows a redirect. Multi-user Kubeflow also needs the profile
+bearer token goes with every request: KFP_TOKEN (a CI secret, `kubectl create token`), else a
+projected ServiceAccount token's file (KF_PIPELINES_SA_TOKEN_PATH, by default where the SDK looks:
+/var/run/secrets/kubeflow/pipelines/token; the watch CronJob mounts one). It is never printed,
+and never follows a redirect. Multi-user Kubeflow also needs the profile
 namespace the runs belong to (`namespace`, KFP_NAMESPACE).
 """
 
@@ -17,6 +19,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -56,7 +59,7 @@ def check_endpoint(endpoint: str, timeout_s: float = 5) -> bool:
     # No proxies from the environment: kfp.Client's HTTP pool does not use them either. No
     # redirects: urllib would send the token on to wherever one points (a login page).
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
-    token = _token()
+    token, source = _token_and_source()
     request = urllib.request.Request(
         url, headers={"Authorization": f"Bearer {token}"} if token else {}
     )
@@ -71,13 +74,13 @@ def check_endpoint(endpoint: str, timeout_s: float = 5) -> bool:
         raise KubeflowError(
             f"Kubeflow Pipelines API at {endpoint} redirected (HTTP {status}), most likely to a "
             "login page: "
-            + ("KFP_TOKEN was not accepted" if token else "set KFP_TOKEN")
+            + (f"{source} was not accepted" if token else "set KFP_TOKEN")
             + "; behind Kubeflow's gateway the API is https://HOST/pipeline, not the UI's URL"
         )
     if status in (401, 403):
         raise KubeflowError(
             f"Kubeflow Pipelines API at {endpoint} refused the request (HTTP {status}): "
-            + ("KFP_TOKEN was sent but not accepted; is it expired, or for another audience?"
+            + (f"{source} was sent but not accepted; is it expired, or for another audience?"
                if token else "it needs a bearer token; set KFP_TOKEN (e.g. `kubectl create "
                "token SERVICE_ACCOUNT -n NAMESPACE --audience pipelines.kubeflow.org`)")
         )  # fmt: skip
@@ -209,8 +212,35 @@ def _api(what: str) -> Iterator[None]:
         ) from None
 
 
+# A projected ServiceAccount token (audience pipelines.kubeflow.org) where the SDK looks for one:
+# kfp/client/__init__.py KF_PIPELINES_SA_TOKEN_ENV and KF_PIPELINES_SA_TOKEN_PATH. kfp.Client reads
+# it only when given no host, and this module always gives one, so it is read here: at each
+# client, because the kubelet rotates the file.
+TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
+TOKEN_PATH = Path("/var/run/secrets/kubeflow/pipelines/token")
+
+
+def _token_and_source() -> tuple[str | None, str]:
+    """The bearer token (KFP_TOKEN, else the projected token's file) and what it came from."""
+    token = os.environ.get("KFP_TOKEN", "").strip()
+    if token:
+        return token, "KFP_TOKEN"
+    named = os.environ.get(TOKEN_PATH_ENV, "").strip()
+    path = Path(named) if named else TOKEN_PATH
+    try:
+        token = path.read_text().strip()
+    except OSError as error:
+        if named:  # asked for and missing: a mount that is not there
+            raise KubeflowError(
+                f"{TOKEN_PATH_ENV}={named}: cannot read the token ({error.strerror}); mount a "
+                "projected ServiceAccount token there (kubeflow/watch-cronjob.yaml shows how)"
+            ) from None
+        return None, ""
+    return token or None, f"the token in {path}"
+
+
 def _token() -> str | None:
-    return os.environ.get("KFP_TOKEN", "").strip() or None
+    return _token_and_source()[0]
 
 
 _POD_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -232,19 +262,32 @@ def _client(endpoint: str, namespace: str | None, multi_user: bool) -> Any:
 
 
 def _pipeline_version(client: Any, package_path: str, pipeline_name: str) -> tuple[str, str]:
-    """Upload the package as a version of `pipeline_name` (so UI runs use the same spec), reusing
-    an identical earlier upload: the version name carries the package's hash."""
+    """Upload the package as a version of `pipeline_name` (so UI runs use the same spec).
+
+    The pipeline's newest version is always the package submitted or scheduled last: an
+    identical earlier upload (its version name carries the package's hash) is reused only while
+    it is the newest; otherwise the package is uploaded again, under a name that adds the time.
+    `tkp watch --endpoint` and the UI's *Create run* (newest version first) therefore run what
+    was deployed last, a reverted commit included."""
     version = f"{pipeline_name}-{hashlib.sha256(Path(package_path).read_bytes()).hexdigest()[:12]}"
     pipeline_id = client.get_pipeline_id(pipeline_name)
     if pipeline_id is None:  # the first upload creates the pipeline and its first version
         pipeline_id = client.upload_pipeline(package_path, pipeline_name).pipeline_id
-        found = client.list_pipeline_versions(pipeline_id, sort_by="created_at desc")
-    else:
-        found = client.list_pipeline_versions(pipeline_id, filter=_name_filter(version))
-    if found.pipeline_versions:
-        return pipeline_id, found.pipeline_versions[0].pipeline_version_id
+        return pipeline_id, _newest_version(client, pipeline_id).pipeline_version_id
+    newest = _newest_version(client, pipeline_id)
+    if newest is not None and re.fullmatch(rf"{re.escape(version)}(-\d{{8}}T\d{{6}}Z)?",
+                                           newest.display_name):  # fmt: skip
+        return pipeline_id, newest.pipeline_version_id
+    if client.list_pipeline_versions(pipeline_id, filter=_name_filter(version)).pipeline_versions:
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        version = f"{version}-{now}"
     created = client.upload_pipeline_version(package_path, version, pipeline_id=pipeline_id)
     return pipeline_id, created.pipeline_version_id
+
+
+def _newest_version(client: Any, pipeline_id: str) -> Any:
+    found = client.list_pipeline_versions(pipeline_id, sort_by="created_at desc")
+    return found.pipeline_versions[0] if found.pipeline_versions else None
 
 
 def _name_filter(name: str) -> str:
@@ -269,12 +312,62 @@ def submit(
     with _api(f"submitting {package_path} to {endpoint}"):  # the experiment first: it can fail
         experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id
         pipeline_id, version_id = _pipeline_version(client, package_path, pipeline_name)
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-        run = client.run_pipeline(
-            experiment_id, f"{pipeline_name} {now}", params=typed,
-            pipeline_id=pipeline_id, version_id=version_id,
-        )  # fmt: skip
+        return _start_run(client, experiment_id, pipeline_name, typed, pipeline_id, version_id)
+
+
+def _start_run(client: Any, experiment_id: str, pipeline_name: str, parameters: dict[str, Any],
+               pipeline_id: str, version_id: str) -> str:  # fmt: skip
+    """A run of that version, named after the pipeline and the time; its id."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    run = client.run_pipeline(experiment_id, f"{pipeline_name} {now}", params=parameters,
+                              pipeline_id=pipeline_id, version_id=version_id)  # fmt: skip
     return run.run_id
+
+
+def submit_newest(
+    endpoint: str,
+    pipeline_name: str,
+    parameters: dict[str, Any],
+    experiment: str | None = None,
+    namespace: str | None = None,
+) -> str:
+    """One run of the newest version of `pipeline_name` (what `make submit` or `make schedule`,
+    CI after a merge, uploaded last) in `experiment` (default: the pipeline's name); returns the
+    run id. `parameters` are typed already; the run parameters' rules are checked first."""
+    try:
+        check_run_parameters("--param", {k: v for k, v in parameters.items()
+                                         if k in RUN_PARAMETERS})  # fmt: skip
+    except ConfigError as error:
+        raise KubeflowError(str(error)) from None
+    multi_user = check_endpoint(endpoint)
+    client = _client(endpoint, namespace, multi_user)
+    with _api(f"submitting a run of pipeline {pipeline_name!r} to {endpoint}"):
+        version = newest_version(client, endpoint, pipeline_name)
+        experiment_id = client.create_experiment(
+            experiment or pipeline_name, namespace=namespace
+        ).experiment_id
+        return _start_run(client, experiment_id, pipeline_name, parameters,
+                          version.pipeline_id, version.pipeline_version_id)  # fmt: skip
+
+
+def newest_version(client: Any, endpoint: str, pipeline_name: str) -> Any:
+    """The pipeline's newest version, or an error saying how to upload one."""
+    pipeline_id = client.get_pipeline_id(pipeline_name)
+    version = _newest_version(client, pipeline_id) if pipeline_id is not None else None
+    if version is None:
+        raise KubeflowError(
+            f"no pipeline {pipeline_name!r} at {endpoint}: upload it first with `make submit` "
+            "or `make schedule` (kubeflow/README.md, section 7), or pass --package"
+        )
+    return version
+
+
+def check_pipeline(endpoint: str, pipeline_name: str, namespace: str | None = None) -> None:
+    """The endpoint answers and holds a version of `pipeline_name`."""
+    multi_user = check_endpoint(endpoint)
+    client = _client(endpoint, namespace, multi_user)
+    with _api(f"looking up pipeline {pipeline_name!r} at {endpoint}"):
+        newest_version(client, endpoint, pipeline_name)
 
 
 def schedule(

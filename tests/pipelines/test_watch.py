@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -22,6 +21,7 @@ from components.base.config import REPO_ROOT, PipelineConfig, check_values
 from components.base.object_store import s3_client
 from pipelines import data, watch
 from pipelines.cli import build_parser
+from pipelines.kubeflow import kfp_client
 from pipelines.kubeflow.kfp_client import KubeflowError
 from tests.pipelines import cli_process
 from tests.stand_ins.kfp_api_stand_in import API, SPEC, FakeKfpApi
@@ -244,9 +244,9 @@ def test_cli_watch_once_submits_each_new_span_to_kfp_with_its_span(config, api, 
     package.write_text(SPEC)
     store = s3_client().meta.endpoint_url
 
-    def watch_once(*extra: str):
+    def watch_once(*extra: str, sent: tuple[str, ...] = ("--package", str(package))):
         return cli_process.run(
-            tmp_path, "watch", "--once", "--endpoint", api.endpoint, "--package", str(package),
+            tmp_path, "watch", "--once", "--endpoint", api.endpoint, *sent,
             "--set", f"data_root={config.data_root}",
             "--set", f"serving_root={config.serving_root}",
             *extra, timeout=300, AWS_ENDPOINT_URL_S3=store, HOME=str(tmp_path),
@@ -272,6 +272,23 @@ def test_cli_watch_once_submits_each_new_span_to_kfp_with_its_span(config, api, 
     assert len(api.bodies("POST", f"{API}/runs")) == 2
     secrets = [cli_process.SENTINEL_KEY_ID, cli_process.SENTINEL_SECRET]
     assert not any(s in out for s in secrets for out in (first.stdout, second.stdout))
+
+    # Without --package (the CronJob): a run of the pipeline's newest version, which a merge's
+    # `make submit` changed, with nothing given to the watcher.
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(SPEC.replace("defaultValue: 0.75", "defaultValue: 0.8"))
+    kfp_client.submit(api.endpoint, str(merged), {"span": "1"})
+    _span(config, 2)
+    third = watch_once(sent=())
+    assert third.returncode == 0, third.stdout + third.stderr
+    ((_, pipeline),) = api.pipelines.items()
+    run = api.bodies("POST", f"{API}/runs")[-1]
+    newest = pipeline["versions"][-1]
+    assert (
+        newest["spec"]["root"]["inputDefinitions"]["parameters"]["min_auc"]["defaultValue"] == 0.8
+    )
+    assert run["pipeline_version_reference"]["pipeline_version_id"] == newest["pipeline_version_id"]
+    assert run["runtime_config"]["parameters"] == {"span": 2, "data_root": config.data_root}
 
 
 def test_cli_watch_against_an_unreachable_store_exits_non_zero_naming_it(tmp_path):
@@ -307,8 +324,19 @@ def test_the_cronjob_pins_its_image_takes_credentials_from_the_secret_and_polls_
     assert command[:3] == ["tkp", "watch", "--once"]
     args = build_parser().parse_args(command[1:])  # the CLI accepts exactly these arguments
     assert args.once and args.endpoint == "http://ml-pipeline.kubeflow.svc.cluster.local:8888"
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert str(Path(args.package).parent) in mounts
+    # No spec of its own: each run is of the pipeline's newest version, what CI uploaded last.
+    assert args.package is None and args.experiment == "taxi-tips"
+    # Multi-user KFP's credentials: a projected token where kfp_client reads one, rotated.
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (token,) = [name for name, v in volumes.items() if "projected" in v]
+    assert mounts[token]["mountPath"] == str(kfp_client.TOKEN_PATH.parent)
+    (source,) = volumes[token]["projected"]["sources"]
+    assert source["serviceAccountToken"]["path"] == kfp_client.TOKEN_PATH.name
+    assert source["serviceAccountToken"]["audience"] == "pipelines.kubeflow.org"
+    assert not any("configMap" in v for v in volumes.values())
+    template = by_kind["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]
+    assert template["metadata"]["annotations"]["sidecar.istio.io/nativeSidecar"] == "true"
 
     env = {item["name"]: item for item in container["env"]}
     credentials = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3",

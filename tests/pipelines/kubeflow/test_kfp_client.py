@@ -10,12 +10,14 @@ each rule the stand-in plays refusing what the server would refuse.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 
 import kfp
 import kfp_server_api
 import pytest
+import yaml
 
 from components.base.errors import ActionableError
 from pipelines.kubeflow import kfp_client
@@ -249,6 +251,68 @@ def test_schedule_replace_that_fails_to_create_resumes_the_old_one(
         f"POST {API}/recurringruns",
         f"POST {API}/recurringruns/job-1:enable",
     ]
+
+
+def test_the_newest_version_is_always_the_package_submitted_last(
+    api: FakeKfpApi, package: str, tmp_path
+) -> None:
+    """What `tkp watch --endpoint` and the UI's Create run take: a revert (A, B, A) runs A."""
+    other = tmp_path / "other.yaml"
+    other.write_text(SPEC.replace("defaultValue: 0.75", "defaultValue: 0.8"))
+    for sent in (package, str(other), package, str(other), str(other)):
+        kfp_client.submit(api.endpoint, sent, {})
+        ((pipeline_id, pipeline),) = api.pipelines.items()
+        newest = pipeline["versions"][-1]
+        assert newest["spec"]["root"] == yaml.safe_load(open(sent).read().split("---")[0])["root"]
+        assert api.bodies("POST", f"{API}/runs")[-1]["pipeline_version_reference"] == {
+            "pipeline_id": pipeline_id, "pipeline_version_id": newest["pipeline_version_id"],
+        }  # fmt: skip
+    # A, B, A (its hash name is new), B again (its hash name is taken: the time is added), B.
+    names = [version["display_name"] for version in pipeline["versions"]]
+    assert len(names) == 4 and names[0] == "taxi-tips"
+    assert re.fullmatch(rf"{names[1]}-\d{{8}}T\d{{6}}Z", names[3]), names
+
+    # A run of the newest version, no package: as the watcher submits one span.
+    run_id = kfp_client.submit_newest(
+        api.endpoint, "taxi-tips", {"span": 3, "data_root": "s3://b/d"}
+    )
+    run = api.bodies("POST", f"{API}/runs")[-1]
+    assert run_id == "run-6"  # the stand-in numbers the runs it created
+    assert run["pipeline_version_reference"]["pipeline_version_id"] == newest["pipeline_version_id"]
+    assert run["runtime_config"]["parameters"] == {"span": 3, "data_root": "s3://b/d"}
+    sent = len(api.requests)
+    with pytest.raises(KubeflowError, match="span must be -1"):
+        kfp_client.submit_newest(api.endpoint, "taxi-tips", {"span": -4})
+    assert len(api.requests) == sent  # refused before any request
+    with pytest.raises(KubeflowError, match="no pipeline 'image-classes' .* `make submit`"):
+        kfp_client.submit_newest(api.endpoint, "image-classes", {"span": 0})
+    assert len(api.bodies("POST", f"{API}/runs")) == 6
+
+
+def test_a_projected_service_account_token_is_read_at_each_client(
+    api: FakeKfpApi, package: str, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """The CronJob's token: a file the kubelet rotates (kubeflow/watch-cronjob.yaml)."""
+    token = tmp_path / "token"
+    token.write_text("projected-1\n")
+    monkeypatch.delenv("KFP_TOKEN", raising=False)
+    monkeypatch.setenv(kfp_client.TOKEN_PATH_ENV, str(token))
+    kfp_client.submit(api.endpoint, package, {})
+    assert set(api.authorization) == {"Bearer projected-1"}
+    token.write_text("projected-2\n")  # rotated
+    del api.authorization[:]
+    kfp_client.submit_newest(api.endpoint, "taxi-tips", {})
+    assert set(api.authorization) == {"Bearer projected-2"}
+    api.healthz_status = 401
+    with pytest.raises(KubeflowError, match=f"the token in {token} was sent but not accepted"):
+        kfp_client.submit(api.endpoint, package, {})
+    monkeypatch.setenv("KFP_TOKEN", "from-ci")  # KFP_TOKEN wins over the file
+    with pytest.raises(KubeflowError, match="KFP_TOKEN was sent but not accepted"):
+        kfp_client.submit(api.endpoint, package, {})
+    monkeypatch.delenv("KFP_TOKEN")
+    token.unlink()
+    with pytest.raises(KubeflowError, match=f"KF_PIPELINES_SA_TOKEN_PATH={token}: cannot read"):
+        kfp_client.submit(api.endpoint, package, {})
 
 
 def test_a_token_goes_with_every_request_and_a_refusal_says_what_to_set(
