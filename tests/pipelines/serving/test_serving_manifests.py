@@ -42,6 +42,7 @@ SERVING = REPO_ROOT / "kubeflow" / "serving"
 TF_SERVING_YAML = SERVING / "tf-serving.yaml"
 ISVC_YAML = SERVING / "inferenceservice.yaml"
 CONFIG_YAML = SERVING / "tf-serving-config.yaml"
+ISTIO_ACCESS = SERVING / "istio-access.yaml"
 CRONJOB = REPO_ROOT / "kubeflow" / "watch-cronjob.yaml"
 
 TF_SERVING_IMAGE = "tensorflow/serving:2.16.1"
@@ -187,11 +188,24 @@ def crd_validator(crd: dict, served: str) -> jsonschema.Draft4Validator:
     return jsonschema.Draft4Validator(schema)
 
 
+@functools.cache
+def istio_validator(api_version: str, kind: str) -> jsonschema.Draft4Validator:
+    """The vendored Istio CRD of that group and kind, at the version `api_version` names."""
+    group, _, version = api_version.partition("/")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crds = yaml.load_all(gzip.decompress(ISTIO_CRDS.read_bytes()), Loader=loader)
+    (crd,) = [c for c in crds if c and (c["spec"]["group"], c["spec"]["names"]["kind"]) ==
+              (group, kind)]  # fmt: skip
+    return crd_validator(crd, version)
+
+
 def validator_for(document: dict) -> jsonschema.Draft4Validator:
     if document.get("apiVersion") == "serving.kserve.io/v1beta1":
         return kserve_validator()
     if document.get("apiVersion") == "networking.istio.io/v1":
         return virtual_service_validator()
+    if str(document.get("apiVersion")).split("/")[0].endswith(".istio.io"):
+        return istio_validator(document["apiVersion"], document["kind"])
     key = (document.get("apiVersion"), document.get("kind"))
     assert key in ROOTS, f"no schema here for {key}"
     return kubernetes_validator(ROOTS[key])
@@ -220,10 +234,13 @@ def documents(path: Path) -> list[dict]:
 
 def one(path: Path, kind: str, name: str = "") -> dict:
     """The file's object of `kind`; where it has several, the one named `name` (default: the
-    model server's own name: the stable Deployment, the clients' Service)."""
+    model server's own name: the stable Deployment, the clients' Service; else the first)."""
     found = [d for d in documents(path) if d["kind"] == kind]
     if len(found) > 1:
-        found = [d for d in found if d["metadata"]["name"] == (name or MODEL_SERVER)]
+        named = name or MODEL_SERVER
+        if not name and all(d["metadata"]["name"] != named for d in found):
+            named = found[0]["metadata"]["name"]
+        found = [d for d in found if d["metadata"]["name"] == named]
     (document,) = found
     return document
 
@@ -311,6 +328,10 @@ MANIFESTS = [
     pytest.param(TF_SERVING_YAML, "VirtualService", "", id="tf-serving.yaml:VirtualService"),
     pytest.param(ISVC_YAML, "InferenceService", "", id="inferenceservice.yaml:InferenceService"),
     pytest.param(CONFIG_YAML, "ConfigMap", "", id="tf-serving-config.yaml:ConfigMap"),
+    *[
+        pytest.param(ISTIO_ACCESS, "AuthorizationPolicy", name, id=f"istio-access.yaml:{name}")
+        for name in ("tfx-taxi-tips-serving-clients", "tfx-taxi-tips-inferenceservice-clients")
+    ],
 ]
 
 
@@ -360,6 +381,7 @@ def test_each_file_holds_exactly_the_expected_objects():
     ]  # fmt: skip
     assert [d["kind"] for d in documents(ISVC_YAML)] == ["InferenceService"]
     assert [d["kind"] for d in documents(CONFIG_YAML)] == ["ConfigMap"]
+    assert [d["kind"] for d in documents(ISTIO_ACCESS)] == ["AuthorizationPolicy"] * 2
 
 
 def _pod(document: dict) -> dict:
@@ -435,6 +457,15 @@ BROKEN = [
             "$.metadata", "'annotationz'"),
     _broken(ISVC_YAML, "InferenceService", lambda d: d, _set("kind", "InferenceServices"),
             "$.kind", "is not one of ['InferenceService']"),
+    # ... and in Istio's AuthorizationPolicy (ports are strings; an unknown field).
+    _broken(ISTIO_ACCESS, "AuthorizationPolicy",
+            lambda d: d["spec"]["rules"][0]["to"][0]["operation"], _set("ports", [8501]),
+            "$.spec.rules[0].to[0].operation.ports[0]", "is not of type 'string'"),
+    _broken(ISTIO_ACCESS, "AuthorizationPolicy",
+            lambda d: d["spec"]["rules"][0]["from"][0]["source"], _set("namespace", ["x"]),
+            "$.spec.rules[0].from[0].source", "'namespace'"),
+    _broken(ISTIO_ACCESS, "AuthorizationPolicy", lambda d: d["spec"], _set("action", "PERMIT"),
+            "$.spec.action", "is not one of"),
 ]  # fmt: skip
 
 
@@ -789,3 +820,65 @@ def test_the_config_map_holds_no_credential():
     text = CONFIG_YAML.read_text()
     for pattern in CREDENTIAL_PATTERNS[:-1]:  # `data:` is a ConfigMap's own field
         assert not re.search(pattern, text), f"{CONFIG_YAML.name} matches {pattern}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Istio in a Kubeflow profile namespace
+# ---------------------------------------------------------------------------------------------
+
+
+def _pod_templates() -> list[tuple[str, dict, dict]]:
+    """(where, pod metadata, pod spec) of every pod the serving files and the CronJob create."""
+    found = []
+    for document in documents(TF_SERVING_YAML) + documents(CRONJOB):
+        if document["kind"] == "Deployment":
+            template = document["spec"]["template"]
+        elif document["kind"] == "CronJob":
+            template = document["spec"]["jobTemplate"]["spec"]["template"]
+        else:
+            continue
+        found.append((document["metadata"]["name"], template["metadata"], template["spec"]))
+    isvc = one(ISVC_YAML, "InferenceService")  # KServe copies its annotations to the pods
+    found.append((isvc["metadata"]["name"], isvc["metadata"], isvc["spec"]["predictor"]))
+    return found
+
+
+def test_every_pod_asks_istio_for_a_native_sidecar_and_none_opts_out_of_the_mesh():
+    """A profile namespace injects Istio's proxy. An init container that needs the network
+    (model-sync-init) only has it when the proxy runs first, as a native sidecar; a Job's pod only
+    ends when its proxy does (Istio pkg/kube/inject/webhook.go reorderPod). No pod opts out of
+    injection or takes its traffic out of the mesh (traffic.sidecar.istio.io/exclude*)."""
+    for where, metadata, _ in _pod_templates():
+        annotations = metadata.get("annotations", {})
+        assert annotations.get("sidecar.istio.io/nativeSidecar") == "true", where
+        assert not [key for key in {**annotations, **metadata.get("labels", {})}
+                    if key.startswith("traffic.sidecar.istio.io/exclude")
+                    or key == "sidecar.istio.io/inject"], where  # fmt: skip
+
+
+def test_the_optional_access_policies_select_the_serving_pods_and_their_ports():
+    """istio-access.yaml: one policy per serving form, each selecting exactly that form's pods
+    (the Deployments' template labels; the pods KServe labels with the InferenceService's name,
+    kserve components/predictor.go) and TF Serving's container ports, as strings. The CRD's CEL
+    rules no JSON schema checks: selector or targetRefs, not both; no serviceAccounts (absent
+    from Istio 1.24.3, Kubeflow 1.10's); no wildcard or empty key in matchLabels."""
+    serving, isvc = documents(ISTIO_ACCESS)
+    deployments = [d for d in documents(TF_SERVING_YAML) if d["kind"] == "Deployment"]
+    isvc_name = one(ISVC_YAML, "InferenceService")["metadata"]["name"]
+    pods = {
+        "tf-serving.yaml": [d["spec"]["template"]["metadata"]["labels"] for d in deployments],
+        "inferenceservice.yaml": [{"serving.kserve.io/inferenceservice": isvc_name}],
+    }
+    for policy, manifest in ((serving, "tf-serving.yaml"), (isvc, "inferenceservice.yaml")):
+        spec = policy["spec"]
+        assert "targetRef" not in spec and "targetRefs" not in spec
+        selector = spec["selector"]["matchLabels"]
+        assert all(key and "*" not in key + value for key, value in selector.items())
+        assert all(selector.items() <= labels.items() for labels in pods[manifest]), manifest
+        ports = {str(p["containerPort"]) for p in tf_serving(pod_specs()[manifest])["ports"]}
+        assert spec["action"] == "ALLOW"
+        for rule in spec["rules"]:
+            assert {p for op in rule["to"] for p in op["operation"]["ports"]} == ports
+            for source in (entry["source"] for entry in rule["from"]):
+                assert "serviceAccounts" not in source
+                assert source["namespaces"] == ["CLIENT_NAMESPACE"]  # the operator fills it in
