@@ -35,6 +35,7 @@ import json
 import re
 import shutil
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from components.base.config import REPO_ROOT
-from tests.stand_ins import kfp_launcher, kfp_store
+from components.base.object_store import s3_client
+from tests.stand_ins import kfp_launcher, kfp_launcher_config, kfp_store
 from tests.stand_ins.kfp_containers import ContainerRuntime
 from tests.stand_ins.kfp_launcher import EXECUTOR_LOGS, TaskFailed
 from tests.stand_ins.kfp_versions import NEWEST, KfpBackend
@@ -194,7 +196,7 @@ class Backend:
 
     def __init__(
         self,
-        pipeline_root: str,
+        pipeline_root: str | None,
         images: dict[str, Path],
         secrets: dict[str, dict[str, str]],
         work_dir: Path,
@@ -204,7 +206,12 @@ class Backend:
         containers: ContainerRuntime | None = None,
         version: KfpBackend = NEWEST,
         pending_deadline_s: float = 60,
+        launcher_config: dict[str, str] | None = None,
     ):
+        # driver/driver.go RootDAG: the run's own root (runtime_config.pipeline_root) when it sets
+        # one, else the namespace's kfp-launcher ConfigMap's (`launcher_config`, its data), whose
+        # providers also give the store session (kfp_launcher_config.py).
+        pipeline_root = pipeline_root or kfp_launcher_config.pipeline_root(launcher_config)
         if not pipeline_root.startswith("s3://"):
             raise UnsupportedByKubeflow(f"pipeline root {pipeline_root}: only s3:// is played")
         self.pipeline_root, self.images, self.secrets = pipeline_root.rstrip("/"), images, secrets
@@ -226,8 +233,19 @@ class Backend:
             containers.version = version
         self.preempt: dict[str, Callable[[], bool]] = {}
         self.retry_waits: list[tuple[str, int]] = []
-        # config/s3.go: the session of an s3 root whose kfp-launcher ConfigMap names no provider.
-        self.metadata = kfp_store.MetadataStore({"Provider": "s3", "Params": {"fromEnv": "true"}})
+        # The session the root DAG's driver records and every launcher opens: a ConfigMap's error
+        # fails the run's first task, as the launcher that cannot open the bucket does.
+        self.session_error = ""
+        try:
+            session = kfp_launcher_config.session_info(launcher_config, pipeline_root, version)
+            kfp_launcher_config.credentials(session, secrets, namespace)
+        except kfp_launcher_config.LauncherConfigError as error:
+            session, self.session_error = {"Provider": "s3", "Params": {}}, str(error)
+        endpoint = session["Params"].get("endpoint")
+        if endpoint and endpoint != urllib.parse.urlparse(s3_client().meta.endpoint_url).netloc:
+            raise UnsupportedByKubeflow(f"the kfp-launcher ConfigMap's endpoint {endpoint} is not "
+                                        "the store the harness moves artifacts in")  # fmt: skip
+        self.metadata = kfp_store.MetadataStore(session)
 
     def run(self, spec: dict, platform: dict | None, parameter_values: dict) -> PipelineRun:
         load_strictly(spec)
@@ -238,6 +256,8 @@ class Backend:
         root_values = self._root_values(spec, parameter_values)
         tasks = spec["root"]["dag"]["tasks"]
         for task_name in _topological(tasks):
+            if self.session_error:  # component/launcher_v2.go Execute opens the bucket first
+                raise TaskFailed(f"task {task_name} failed: {self.session_error}")
             upstream = [run.tasks[t].state for t in tasks[task_name].get("dependentTasks", [])]
             if any(state in ("skipped", "omitted") for state in upstream):
                 run.tasks[task_name] = TaskResult("omitted", {})  # dag.go depends: .Succeeded

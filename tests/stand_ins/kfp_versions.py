@@ -57,19 +57,22 @@ class KfpBackend:
     # starts with `<key>/`; earlier every key that string-starts with it
     # (objectstore/object_store.go DownloadBlob).
     download_exact_prefix: bool
+    # 2.15.0+: the s3 provider's session carries maxRetries, 5 unless the kfp-launcher ConfigMap
+    # sets it (config/s3.go ProvideSessionInfo).
+    session_max_retries: bool
 
 
 V2_5_0 = KfpBackend(
     tag="2.5.0", argo="v3.5.14", output_file_in_task_root=False, named_outputs=False,
     executor_logs_per_retry=False, task_name_in_pod_name=True, retry_values_as_parameters=False,
     retry_on_error_only=False, retry_index_env=False, hardened_container=False,
-    download_exact_prefix=False,
+    download_exact_prefix=False, session_max_retries=False,
 )  # fmt: skip
 # What each later version changes, and nothing else.
 V2_16_1 = replace(
     V2_5_0, tag="2.16.1", argo="v3.7.3", output_file_in_task_root=True, named_outputs=True,
     executor_logs_per_retry=True, task_name_in_pod_name=False, retry_values_as_parameters=True,
-    retry_index_env=True, hardened_container=True,
+    retry_index_env=True, hardened_container=True, session_max_retries=True,
 )  # fmt: skip
 V2_17_0 = replace(
     V2_16_1, tag="2.17.0", argo="v4.0.5", retry_on_error_only=True, download_exact_prefix=True

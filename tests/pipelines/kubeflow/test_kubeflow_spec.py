@@ -12,8 +12,10 @@ import json
 import os
 import re
 import time
+import urllib.parse
 
 import pytest
+import yaml
 from google.protobuf import json_format
 from kfp.kubernetes import kubernetes_executor_config_pb2
 
@@ -28,6 +30,7 @@ from components.base.config import (
     PipelineConfig,
     spec_path,
 )
+from components.base.object_store import s3_client
 from components.base.registry import complete_versions as pushed_versions
 from components.base.registry import versions_dir as serving_model_dir
 from components.steps.auc_text import accuracy_of
@@ -178,11 +181,24 @@ def _throttled(check, seconds: float = 1.0):
     return throttled
 
 
+def _launcher_config(bucket: str) -> dict[str, str]:
+    """kubeflow/kfp-launcher.yaml as an operator edits it for a store: the root in its bucket,
+    the endpoint its host:port (tests/pipelines/kubeflow/test_kfp_launcher_config.py)."""
+    data = yaml.safe_load((REPO_ROOT / "kubeflow" / "kfp-launcher.yaml").read_text())["data"]
+    shipped = "endpoint: seaweedfs.kubeflow:8333"
+    assert shipped in data["providers"]
+    store = urllib.parse.urlparse(s3_client().meta.endpoint_url).netloc
+    return {"defaultPipelineRoot": f"s3://{bucket}/pipeline_root",
+            "providers": data["providers"].replace(shipped, f"endpoint: {store}")}  # fmt: skip
+
+
 def _backend(bucket: str, work_dir, config: PipelineConfig) -> kfp_harness.Backend:
     """The newest KFP backend (tests/stand_ins/kfp_versions.py) in namespace `kubeflow`: the
-    compiled images' Dockerfiles, the credentials Secret."""
+    compiled images' Dockerfiles, the credentials Secret, the shipped kfp-launcher ConfigMap
+    (the pipeline root and the store session)."""
     return kfp_harness.Backend(
-        pipeline_root=f"s3://{bucket}/pipeline_root",
+        pipeline_root=None,
+        launcher_config=_launcher_config(bucket),
         images={
             config.cpu_image: REPO_ROOT / "kubeflow" / "Dockerfile",
             config.gpu_image: REPO_ROOT / "kubeflow" / "Dockerfile.gpu",
