@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import boto3
+import botocore.exceptions
 from botocore.config import Config as BotoConfig
 
 from components.base import store_supervisor as supervisor
@@ -135,10 +136,12 @@ class EmbeddedObjectStore:
 
     PID_FILE = supervisor.PID_FILE
 
-    def __init__(self, data_dir: Path, log_path: Path | None = None, s3_port: int | None = None):
+    def __init__(self, data_dir: Path, log_path: Path | None = None, s3_port: int | None = None,
+                 s3_config: Path | None = None):  # fmt: skip
         """`s3_port`: the S3 endpoint's port when it starts (default: a free one), e.g. to bring a
-        store back where its users look for it."""
-        self.s3_port = s3_port
+        store back where its users look for it. `s3_config`: SeaweedFS's identities file
+        (`-s3.config`): only its keys are accepted, each for what its actions or policies allow."""
+        self.s3_port, self.s3_config = s3_port, s3_config
         self.data_dir = Path(data_dir).resolve()
         self.log_path = log_path or self.data_dir.parent / "seaweedfs.log"
         self.pid_file = self.data_dir / self.PID_FILE
@@ -258,6 +261,7 @@ class EmbeddedObjectStore:
             f"-master.port={master_port}", f"-volume.port={volume_port}", "-filer",
             f"-filer.port={filer_port}", "-s3", f"-s3.port={s3_port}", "-s3.port.iceberg=0",
             "-s3.port.lance=0", "-volume.max=4000", "-master.volumeSizeLimitMB=256",
+            *([f"-s3.config={Path(self.s3_config).resolve()}"] if self.s3_config else []),
         ]  # fmt: skip
         # Each bucket takes 7 volumes at its first write (SeaweedFS's default growth), and volumes
         # are sparse files: at 100 the 15th bucket failed every write with "no free volumes", and
@@ -311,11 +315,14 @@ class EmbeddedObjectStore:
                 self.pid = recorded[0]
                 try:
                     client.list_buckets()
+                except botocore.exceptions.ClientError:
+                    pass  # an answer: with an identities file, this process's key may be refused
+                except Exception as e:  # not answering yet
+                    reason = e
+                if reason is None:
                     if self._volume_server_registered():
                         return
                     reason = RuntimeError("its volume server has not reached its master yet")
-                except Exception as e:  # not answering yet
-                    reason = e
             if time.monotonic() > deadline:  # also when the supervisor never wrote its pid file
                 raise StoreError(
                     f"SeaweedFS did not answer within {timeout_s:.0f} s; see {self.log_path}"

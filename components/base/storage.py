@@ -278,11 +278,21 @@ def check_reachable(path: str) -> None:
         return
     from components.base.object_store import s3_client
 
-    bucket, _ = split_s3(path)
+    bucket, key = split_s3(path)
+    prefix = key.strip("/") + "/" if key.strip("/") else ""
     client = s3_client()
     try:
-        client.head_bucket(Bucket=bucket)
+        # A list inside the path, not HeadBucket: credentials limited to a namespace's prefix
+        # (kubeflow/object-store-policy.json) may list that prefix but not the bucket's head.
+        client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
     except Exception as e:
+        code = getattr(e, "response", {}).get("Error", {}).get("Code")
+        if code == "AccessDenied":
+            raise StorageError(
+                f"cannot reach bucket {bucket!r} of {path} at {client.meta.endpoint_url}: the "
+                f"credentials in AWS_ACCESS_KEY_ID may not list s3://{bucket}/{prefix}; the "
+                "store's policy for them must allow that prefix (kubeflow/object-store-policy.json)"
+            ) from e
         raise StorageError(
             f"cannot reach bucket {bucket!r} of {path} at {client.meta.endpoint_url}: {e}. "
             "Check that the object store runs, the bucket exists, and AWS_ENDPOINT_URL_S3, "
