@@ -275,11 +275,12 @@ def _pipeline_version(client: Any, package_path: str, pipeline_name: str) -> tup
         pipeline_id = client.upload_pipeline(package_path, pipeline_name).pipeline_id
         return pipeline_id, _newest_version(client, pipeline_id).pipeline_version_id
     newest = _newest_version(client, pipeline_id)
-    if newest is not None and re.fullmatch(rf"{re.escape(version)}(-\d{{8}}T\d{{6}}Z)?",
+    if newest is not None and re.fullmatch(rf"{re.escape(version)}(-\d{{8}}-\d{{6}})?",
                                            newest.display_name):  # fmt: skip
         return pipeline_id, newest.pipeline_version_id
     if client.list_pipeline_versions(pipeline_id, filter=_name_filter(version)).pipeline_versions:
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        # Lower case and digits: KFP 2.17's Kubernetes-native store names versions as objects.
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
         version = f"{version}-{now}"
     created = client.upload_pipeline_version(package_path, version, pipeline_id=pipeline_id)
     return pipeline_id, created.pipeline_version_id

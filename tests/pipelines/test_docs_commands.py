@@ -183,7 +183,9 @@ def line_problems(line: str, whole: bool = True) -> list[str]:
             words.pop(0)
         if not words:
             continue
-        if words[0] == "make":
+        if words[0] == "export":  # `export PIPELINE_X=...` sets what later commands read
+            problems += _environment_problems([w for w in words[1:] if "=" in w])
+        elif words[0] == "make":
             problems += _make_problems(words[1:]) + _environment_problems(assignments)
         elif words[0] in _TKP:
             problems += _tkp_problems(words[1:], whole) + _environment_problems(assignments)
@@ -220,6 +222,7 @@ def test_every_documented_command_flag_target_and_path_is_real(doc: str) -> None
         ("make run ARGS=--keep-stor", ["make run ARGS: --keep-stor is not a flag of tkp run"]),
         ("make run ARGS='--set forse=1'", ["--set forse: no such config field"]),
         ("PIPELINE_SPANN=0 make run", ["PIPELINE_SPANN: no such config field"]),
+        ("export PIPELINE_CPU_IMAGES=x/y:1", ["PIPELINE_CPU_IMAGES: no such config field"]),
         ("tkp rollback N", []),
         (
             "tkp rollback three",

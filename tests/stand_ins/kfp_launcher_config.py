@@ -74,9 +74,12 @@ def session_info(data: dict[str, str] | None, root: str, version: KfpBackend) ->
     s3 = _checked(providers.get("s3"), "s3")
     if "Overrides" in s3:
         raise LauncherConfigError("providers: s3 Overrides are not played")
-    if not s3.get("default") or parsed.query:
+    if s3.get("default") is None or parsed.query:  # `default: {}` is a Default, not a nil one
         return {"Provider": "s3", "Params": {"fromEnv": "true"}}
     default = _checked(s3["default"], "default")
+    if "maxRetries" in default and not version.session_max_retries:
+        raise LauncherConfigError("providers: maxRetries is not read before KFP 2.15 (the "
+                                  "backend would drop it silently)")  # fmt: skip
     if not default.get("credentials"):
         raise LauncherConfigError("invalid provider config: missing default credentials")
     credentials = _checked(default["credentials"], "credentials")
@@ -116,6 +119,7 @@ def credentials(session: dict, secrets: dict[str, dict[str, str]], namespace: st
         raise LauncherConfigError(f'{where}: secrets "{name}" not found')
     access, secret = (secrets[name].get(params[k], "") for k in ("accessKeyKey", "secretKeyKey"))
     if not (access and secret):
-        keys = f"'{params['secretKeyKey']}' or '{params['accessKeyKey']}'"
+        # getS3BucketCredential's message names the access key's key first.
+        keys = f"'{params['accessKeyKey']}' or '{params['secretKeyKey']}'"
         raise LauncherConfigError(f"{where}: could not find specified keys {keys}")
     return access, secret

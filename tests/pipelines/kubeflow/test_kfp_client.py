@@ -270,7 +270,7 @@ def test_the_newest_version_is_always_the_package_submitted_last(
     # A, B, A (its hash name is new), B again (its hash name is taken: the time is added), B.
     names = [version["display_name"] for version in pipeline["versions"]]
     assert len(names) == 4 and names[0] == "taxi-tips"
-    assert re.fullmatch(rf"{names[1]}-\d{{8}}T\d{{6}}Z", names[3]), names
+    assert re.fullmatch(rf"{names[1]}-\d{{8}}-\d{{6}}", names[3]), names
 
     # A run of the newest version, no package: as the watcher submits one span.
     run_id = kfp_client.submit_newest(

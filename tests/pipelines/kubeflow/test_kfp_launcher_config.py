@@ -70,6 +70,11 @@ def _with(providers: str, root: str = "s3://tfx-pipeline/pipeline_root") -> dict
             "fromEnv false without a secretRef",
         ),  # fmt: skip
         (_with("s3: [\n"), "failed to unmarshall kfp bucket providers"),
+        (_with("s3:\n  default: {}\n"), "missing default credentials"),
+        (
+            _with("s3:\n  default:\n    maxRetries: 3\n    credentials: {fromEnv: true}\n"),
+            "maxRetries is not read before KFP 2.15",
+        ),  # fmt: skip
         (_with("", root="gs://bucket/root"), "only an s3:// root is played"),
     ],
 )
@@ -93,7 +98,7 @@ def test_a_run_whose_secret_lacks_the_keys_fails_at_its_first_task(tmp_path):
     data = yaml.safe_load(MANIFEST.read_text())["data"]
     cases = {
         'secrets "tfx-pipeline-s3" not found': {},
-        "could not find specified keys 'AWS_SECRET_ACCESS_KEY' or 'AWS_ACCESS_KEY_ID'": {
+        "could not find specified keys 'AWS_ACCESS_KEY_ID' or 'AWS_SECRET_ACCESS_KEY'": {
             DEFAULTS.credentials_secret: {"AWS_ACCESS_KEY_ID": "a"}
         },
     }
