@@ -151,7 +151,7 @@ def read_summary(
     if "evaluation" in evaluator:
         # The Evaluator's verdict: TFMA's metrics under the names every reader uses (with the
         # classes of a multi-class model), the failed thresholds and its own refusal.
-        from components.steps.evaluation import read_verdict
+        from components.steps.step_outputs import read_verdict
 
         verdict = read_verdict(evaluator["blessing"])
         summary.metrics, summary.validation_failures = verdict["metrics"], verdict["failures"]

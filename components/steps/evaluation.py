@@ -35,8 +35,13 @@ from components.steps.baseline import (
     NO_BASELINE,
     QUALITY_KEY,
 )
-from components.steps.example_gen import CLASS_NAMES_KEY
 from components.steps.prediction_samples import prediction_samples
+from components.steps.step_outputs import (  # noqa: F401 - read_verdict: evaluation's API too
+    CLASS_NAMES_KEY,
+    NOT_COMPARED_KEY,
+    VERDICT_FILE,
+    read_verdict,
+)
 
 # The probability above which a client calls a row positive: BinaryAccuracy's threshold.
 SERVING_THRESHOLD = 0.5
@@ -44,13 +49,6 @@ SERVING_THRESHOLD = 0.5
 # points of the ROC curve.
 ROC_THRESHOLDS = 100
 SLIDE_CHECK_KEY = "slide_check"  # blessing's custom property: why the slide check refused
-VERDICT_FILE = "verdict.json"  # in the blessing: metrics by slice, failed thresholds, AUC change
-NOT_COMPARED_KEY = "not_compared"  # blessing's custom property and verdict's key: why not
-
-
-def read_verdict(blessing) -> dict:
-    """The Evaluator's verdict.json from a blessing artifact."""
-    return json.loads(storage.read_bytes(storage.join(blessing.uri, VERDICT_FILE)))
 
 
 def eval_config(
@@ -237,6 +235,9 @@ class ThresholdEvaluatorExecutor(evaluator_executor.Executor):
             verdict["samples"] = prediction_samples(
                 input_dict["model"][0], input_dict["examples"][0], class_names
             )
+        else:  # the report's ROC curve and its matrix at the serving threshold
+            verdict["roc_curve"] = roc_curve(evaluation.uri)
+            verdict["serving_confusion_matrix"] = serving_confusion_matrix(evaluation.uri)
         storage.write_bytes(storage.join(blessing.uri, VERDICT_FILE), json.dumps(verdict).encode())
 
 

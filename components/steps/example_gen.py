@@ -35,6 +35,7 @@ from tfx_bsl.coders import csv_decoder
 from components.base import spans, storage
 from components.steps import csv_examples, csv_input, image_input
 from components.steps.span_selection import ExampleGenInputError, SpanSelection, read_selection
+from components.steps.step_outputs import CLASS_NAMES_KEY
 
 __all__ = ["ExampleGenInputError", "SpanExampleGen"]
 
@@ -83,11 +84,6 @@ def cause_of(error: BaseException, kind: type) -> BaseException | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-# Custom property of the examples: the model's classes (JSON list, label-index order) when they
-# come from the data (image folders).
-CLASS_NAMES_KEY = "class_names"
 
 
 class Executor(csv_executor.Executor):

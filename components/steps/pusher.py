@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from tfx import types
-from tfx.components.pusher import executor as pusher_executor
-from tfx.dsl.components.base import base_component, executor_spec
+from tfx.dsl.components.base import base_component, base_executor, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
+from tfx.utils import path_utils
 
 from components.base import registry, release, serving_state, storage
 from components.base.config import check_run_parameters
@@ -34,9 +34,13 @@ from components.steps.baseline import (
     QUALITY_KEY,
     serving_parameters,
 )
-from components.steps.evaluation import read_verdict
 from components.steps.span_selection import SpanSelection, read_selection
-from components.steps.trainer import HYPERPARAMETERS_KEY, SEARCH_KEY
+from components.steps.step_outputs import (
+    HYPERPARAMETERS_KEY,
+    NOT_PUSHED_REASON_KEY,
+    SEARCH_KEY,
+    read_verdict,
+)
 
 _log = logging.getLogger(__name__)
 # The edge model of a version (config export_tflite): TF Serving ignores assets.extra/ apart
@@ -70,7 +74,6 @@ def push_version(
     return serving_path
 
 
-NOT_PUSHED_REASON_KEY = "not_pushed_reason"  # pushed_model's custom property
 OUTCOME_FILE = "outcome.json"  # in pushed_model: what the registry records of this run
 
 
@@ -81,7 +84,33 @@ def _write_outcome(pushed_model, outcome: dict) -> None:
     storage.write_bytes(storage.join(pushed_model.uri, OUTCOME_FILE), json.dumps(outcome).encode())
 
 
-class VersionedPusherExecutor(pusher_executor.Executor):
+class TfxPusherContract(base_executor.BaseExecutor):
+    """What TFX's own Pusher executor (tfx/components/pusher/executor.py, TFX 1.16) does that
+    this step keeps: a model is pushed only when its blessing's `blessed` is 1
+    (model_utils.is_model_blessed), from the serving model folder path_utils names, and
+    pushed_model records `pushed`, `pushed_destination` and `pushed_version` under TFX's names
+    (LatestPushedModel and TFX's tools read them). Rewritten rather than subclassed: importing
+    any tfx.components module imports every component, TFMA, TFDV and Beam among them, and
+    doubled this step's start-up on Kubeflow."""
+
+    def CheckBlessing(self, input_dict) -> bool:
+        blessing = artifact_utils.get_single_instance(input_dict["model_blessing"])
+        return blessing.get_int_custom_property("blessed") == 1
+
+    def GetModelPath(self, input_dict) -> str:
+        model = artifact_utils.get_single_instance(input_dict["model"])
+        return path_utils.serving_model_path(model.uri, path_utils.is_old_model_artifact(model))
+
+    def _MarkPushed(self, model_push, pushed_destination: str, pushed_version: str) -> None:
+        model_push.set_int_custom_property("pushed", 1)
+        model_push.set_string_custom_property("pushed_destination", pushed_destination)
+        model_push.set_string_custom_property("pushed_version", pushed_version)
+
+    def _MarkNotPushed(self, model_push) -> None:
+        model_push.set_int_custom_property("pushed", 0)
+
+
+class VersionedPusherExecutor(TfxPusherContract):
     def Do(self, input_dict, output_dict, exec_properties) -> None:
         pushed_model = artifact_utils.get_single_instance(output_dict["pushed_model"])
         check_run_parameters("Pusher", serving_parameters(exec_properties))

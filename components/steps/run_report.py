@@ -21,17 +21,20 @@ import os
 from typing import Any
 
 from tfx import types
-from tfx.components.example_validator import executor as validator_executor
 from tfx.dsl.components.base import base_component, base_executor, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_artifacts
 
 from components.base import storage
 from components.steps import data_summary, kfp_artifacts, report_html, step_times
 from components.steps.auc_text import AUC_UNDEFINED_KEY, accuracy_of
-from components.steps.evaluation import read_verdict, roc_curve, serving_confusion_matrix
-from components.steps.pusher import NOT_PUSHED_REASON_KEY
 from components.steps.span_selection import SpanSelection
-from components.steps.validation import DRIFT_BASELINE_SPAN_KEY, DRIFT_SPLIT
+from components.steps.step_outputs import (
+    ANOMALIES_FILE,
+    DRIFT_BASELINE_SPAN_KEY,
+    DRIFT_SPLIT,
+    NOT_PUSHED_REASON_KEY,
+    read_verdict,
+)
 
 
 def _int(artifact, name: str, default: int) -> int:
@@ -46,8 +49,7 @@ def _anomalies(artifact) -> dict[str, Any]:
 
     result: dict[str, Any] = {"columns": {}, "drift": []}
     for split in artifact_utils.decode_split_names(artifact.split_names):
-        path = storage.join(artifact_utils.get_split_uri([artifact], split),
-                            validator_executor.DEFAULT_FILE_NAME)  # fmt: skip
+        path = storage.join(artifact_utils.get_split_uri([artifact], split), ANOMALIES_FILE)
         if not storage.list_files(path):
             continue
         anomalies = anomalies_pb2.Anomalies.FromString(storage.read_bytes(path))
@@ -67,7 +69,6 @@ def gather(inputs: dict[str, list], class_names: list[str]) -> dict[str, Any]:
     (the use case's)."""
     selection = artifact_utils.get_single_instance(inputs["selection"])
     blessing = artifact_utils.get_single_instance(inputs["blessing"])
-    evaluation = artifact_utils.get_single_instance(inputs["evaluation"])
     pushed_model = artifact_utils.get_single_instance(inputs["pushed_model"])
     anomalies = artifact_utils.get_single_instance(inputs["anomalies"])
     statistics = artifact_utils.get_single_instance(inputs["statistics"])
@@ -99,8 +100,8 @@ def gather(inputs: dict[str, list], class_names: list[str]) -> dict[str, Any]:
             int(pushed_model.get_string_custom_property("pushed_version")) if pushed else None
         ),  # fmt: skip
         "not_pushed_reason": pushed_model.get_string_custom_property(NOT_PUSHED_REASON_KEY),
-        "curve": [] if multi_class else roc_curve(evaluation.uri),
-        "confusion": {} if multi_class else serving_confusion_matrix(evaluation.uri),
+        "curve": verdict.get("roc_curve", []),
+        "confusion": verdict.get("serving_confusion_matrix", {}),
         # Multi-class: the N x N matrix [true][predicted] and a few eval images, predicted.
         "multi_class": multi_class,
         "matrix": verdict.get("confusion_matrix"),

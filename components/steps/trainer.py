@@ -36,13 +36,12 @@ from components.base.use_case import TRAINING_HYPERPARAMETERS
 from components.base.use_case import load as load_use_case
 from components.steps import training_inputs
 from components.steps.span_selection import SpanSelection
+from components.steps.step_outputs import HYPERPARAMETERS_KEY, SEARCH_KEY
 from components.training import cluster_job, local_workers
 from components.training.checkpoints import CHECKPOINTS_FOLDER
 from components.training.tfjob import TFJobKind
 from components.training.trainjob import TrainJobKind
 
-HYPERPARAMETERS_KEY = "hyperparameters"  # on the model: what it was trained with (JSON)
-SEARCH_KEY = "search"  # on the model: the search its hyperparameters came from (JSON)
 JOB_KINDS = {"trainjob": TrainJobKind, "tfjob": TFJobKind}  # config multi_worker_job
 RUN_PARAMETER_NAMES = ("train_steps", "epochs", "max_train_minutes")
 SUMMARY_PROPERTIES = (

@@ -18,8 +18,8 @@ from tfx.utils import io_utils
 
 from components.base import storage
 from components.base.launcher_paths import PIPELINE_FOLDER_ENV
-from components.steps.example_gen import CLASS_NAMES_KEY
 from components.steps.span_selection import read_selection
+from components.steps.step_outputs import CLASS_NAMES_KEY
 
 
 def with_class_names(input_dict, custom_config: dict) -> dict:

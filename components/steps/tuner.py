@@ -32,12 +32,12 @@ from components.base.config import check_run_parameters
 from components.base.use_case import load as load_use_case
 from components.steps import training_inputs
 from components.steps.span_selection import SpanSelection
+from components.steps.step_outputs import SEARCH_KEY  # JSON: the search (SearchSummary)
 
 BEST_FILE = "best_hyperparameters.txt"  # TFX's name (tfx/components/tuner/executor.py)
 RESULTS_FILE = "tuner_results.json"  # TFX's
 TRIALS_FILE = "trials.json"
 SOURCE_KEY = "source"  # "search", "served" (version N's), "defaults"
-SEARCH_KEY = "search"  # JSON: the search the values came from (SearchSummary)
 SEARCH_FOLDER = "_tuner"
 RUN_PARAMETER_NAMES = ("tune", "tuner_parallel_trials", "tuner_max_trials", "tuner_max_minutes")
 _log = logging.getLogger(__name__)

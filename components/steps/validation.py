@@ -36,16 +36,14 @@ from components.base.config import check_run_parameters
 from components.base.errors import ActionableError
 from components.base.spans import SPAN_PREFIX
 from components.steps.baseline import serving_model_dir, serving_parameters
+from components.steps.step_outputs import DRIFT_BASELINE_SPAN_KEY, DRIFT_SPLIT, STATISTICS_FILE
 
 _log = logging.getLogger(__name__)
 
-DRIFT_SPLIT = "eval"
 STATISTICS_FOLDER = registry.STATISTICS
-STATISTICS_FILE = "FeatureStats.pb"
 DRIFT_ACCEPTED_FILE = "DRIFT_ACCEPTED"
-# Custom property of the anomalies artifact: the span the statistics were compared with (NO_SPAN:
-# none recorded below this one).
-DRIFT_BASELINE_SPAN_KEY = "drift_baseline_span"
+# DRIFT_BASELINE_SPAN_KEY, on the anomalies artifact: the span the statistics were compared with
+# (NO_SPAN: none recorded below this one).
 NO_SPAN = -1
 
 _MEASURES = {
