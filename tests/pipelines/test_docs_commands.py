@@ -242,3 +242,34 @@ def test_the_check_refuses_what_a_reader_could_not_run(line: str, expected: list
         assert problems and "invalid choice: 'serv'" in problems[0]
     else:
         assert [p.replace("python -m pipelines.cli", "tkp") for p in problems] == expected
+
+
+def test_the_readme_configuration_table_names_every_config_field() -> None:
+    """README's Configuration section says all settings are fields of PipelineConfig and lists
+    them: a field added to the config and not to the table fails here."""
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text[
+        text.index("## Configuration") : text.index("\n## ", text.index("## Configuration"))
+    ]
+    named = set()
+    for row in re.findall(r"^\| (`[^|]+)\|", section, re.M):
+        named |= set(re.findall(r"`([a-z_0-9]+)`", row))
+    assert set(FIELDS) - named == set()
+    assert named - set(FIELDS) == set()
+
+
+def _github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation but `-` and `_` dropped,
+    spaces as `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_each_contents_link_leads_to_a_heading(doc: str) -> None:
+    """Both docs open with a table of contents: each `(#anchor)` link in them is a heading's."""
+    text = (REPO_ROOT / doc).read_text()
+    headings = {_github_anchor(h) for h in re.findall(r"^#{2,4} (.+)$", text, re.M)}
+    links = re.findall(r"\]\(#([^)]+)\)", text)
+    assert len(links) >= 10  # the contents
+    assert [link for link in links if link not in headings] == []
+    assert text.index("## Contents") < 3000  # on the first screen or two

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 import urllib.parse
@@ -36,6 +37,7 @@ from tests.stand_ins.kfp_containers import ContainerRuntime, missing_for_images
 from tests.use_cases import kit
 
 FIGURES_PATH = WORK_DIR / "bench" / "containers.json"
+README_IMAGE = "tfx-pipeline:local"  # the tag README's container route builds
 
 
 def _python_layers(dockerfile) -> str:
@@ -200,3 +202,35 @@ def test_a_step_that_cannot_start_or_run_fails_its_task_naming_the_cause(
                                          "serving_root": f"s3://{bucket}/serving"})  # fmt: skip
     assert f"task {first} failed" in str(failure.value) and cause in str(failure.value)
     assert not storage.list_files(f"s3://{bucket}/serving/**")  # nothing pushed
+
+
+def _readme_container_run_line() -> str:
+    """README's container route (other platforms): its `docker run ... tkp run` line."""
+    lines = [line.strip() for line in (REPO_ROOT / "README.md").read_text().splitlines()]
+    (line,) = [x for x in lines if x.startswith("docker run ") and x.endswith(" tkp run")]
+    return line
+
+
+def test_the_readme_container_route_runs_the_pipeline_to_a_pushed_model(step_image, tmp_path):
+    """A machine the lock does not install on (macOS, ARM) runs `make run`'s pipeline in the
+    step image, as README's container route says: the same line, with this machine's engine
+    for `docker` and the built image for the tag it builds. Nothing outside the container is
+    needed: SeaweedFS and the generated data live in the mounted work folder."""
+    engine, image, _ = step_image
+    line = _readme_container_run_line()
+    assert README_IMAGE in line
+    (tmp_path / "work").mkdir()
+    command = line.replace(README_IMAGE, image).replace("docker run ", "run --network=none ", 1)
+    started = time.monotonic()
+    done = subprocess.run(
+        [*engine.command, *shlex.split(command.replace('"$(id -u):$(id -g)"', "0:0")
+                                       .replace('"$PWD/work:/work"', f"{tmp_path}/work:/work"))],
+        env=engine.process_environment, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert "Blessed: yes" in output and "Pushed: s3://tfx-pipeline/serving/taxi-tips/1" in output
+    assert "P(big tip)" in output  # the pushed model's predictions on raw rows
+    reports = list((tmp_path / "work" / "logs").glob("run-*.report.html"))
+    assert len(reports) == 1 and "Pushed: version 1" in reports[0].read_text()
+    print(f"container route: tkp run in {time.monotonic() - started:.0f} s")
