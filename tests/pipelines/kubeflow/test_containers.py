@@ -214,23 +214,29 @@ def _readme_container_run_line() -> str:
 def test_the_readme_container_route_runs_the_pipeline_to_a_pushed_model(step_image, tmp_path):
     """A machine the lock does not install on (macOS, ARM) runs `make run`'s pipeline in the
     step image, as README's container route says: the same line, with this machine's engine
-    for `docker` and the built image for the tag it builds. Nothing outside the container is
-    needed: SeaweedFS and the generated data live in the mounted work folder."""
+    for `docker`, the built image for the tag it builds, the test's folder for `$PWD`, and for
+    `$(id -u):$(id -g)` a user the image does not know who owns that folder (as a reader's
+    shell gives their own). Nothing outside the container is needed: SeaweedFS and the
+    generated data live in the mounted work folder."""
     engine, image, _ = step_image
     line = _readme_container_run_line()
-    assert README_IMAGE in line
-    (tmp_path / "work").mkdir()
-    command = line.replace(README_IMAGE, image).replace("docker run ", "run --network=none ", 1)
+    user, mount = '"$(id -u):$(id -g)"', '"$PWD/.work:/work"'
+    assert README_IMAGE in line and user in line and mount in line
+    work = tmp_path / ".work"
+    work.mkdir()
+    os.chown(work, 4321, 4321)
+    command = line.replace(README_IMAGE, image).replace(user, "4321:4321")
+    command = command.replace(mount, f"{work}:/work").replace("docker run ", "run --network=none ")
     started = time.monotonic()
     done = subprocess.run(
-        [*engine.command, *shlex.split(command.replace('"$(id -u):$(id -g)"', "0:0")
-                                       .replace('"$PWD/work:/work"', f"{tmp_path}/work:/work"))],
-        env=engine.process_environment, capture_output=True, text=True, timeout=900,
+        [*engine.command, *shlex.split(command)], env=engine.process_environment,
+        capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert "Blessed: yes" in output and "Pushed: s3://tfx-pipeline/serving/taxi-tips/1" in output
     assert "P(big tip)" in output  # the pushed model's predictions on raw rows
-    reports = list((tmp_path / "work" / "logs").glob("run-*.report.html"))
+    reports = list((work / "logs").glob("run-*.report.html"))
     assert len(reports) == 1 and "Pushed: version 1" in reports[0].read_text()
+    assert reports[0].stat().st_uid == 4321  # written as the reader's user, in their folder
     print(f"container route: tkp run in {time.monotonic() - started:.0f} s")
