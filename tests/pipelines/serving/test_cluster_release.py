@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -319,12 +320,24 @@ def test_the_virtual_service_api_refuses_what_istio_and_the_api_server_refuse(tm
         api.close()
 
 
+def _loopback_address_without_rest_port() -> str:
+    """A loopback address where nothing listens on TF Serving's REST port (a `tkp serve` of the
+    reader's own may hold 127.0.0.1:8501 while the tests run)."""
+    for last in range(2, 255):
+        address = f"127.0.0.{last}"
+        with socket.socket() as probe:
+            probe.settimeout(1)
+            if probe.connect_ex((address, cluster.REST_PORT)) != 0:
+                return address
+    raise AssertionError("every loopback address answers on port 8501")
+
+
 def test_a_pod_whose_metrics_cannot_be_read_is_named_and_the_release_waits():
     nothing = "http://127.0.0.1:9"  # the discard port: nothing listens
     pod = cluster.ModelServerPod(
         "tfx-m-serving-canary-0",
         "uid",
-        "127.0.0.1",
+        _loopback_address_without_rest_port(),
         0,
         "h:8501",
         f"{nothing}/monitoring/prometheus/metrics",
