@@ -89,9 +89,9 @@ class TfxPusherContract(base_executor.BaseExecutor):
     this step keeps: a model is pushed only when its blessing's `blessed` is 1
     (model_utils.is_model_blessed), from the serving model folder path_utils names, and
     pushed_model records `pushed`, `pushed_destination` and `pushed_version` under TFX's names
-    (LatestPushedModel and TFX's tools read them). Rewritten rather than subclassed: importing
-    any tfx.components module imports every component, TFMA, TFDV and Beam among them, and
-    doubled this step's start-up on Kubeflow."""
+    (the run summary and the run report read them, as TFX's tools do). Rewritten, not
+    subclassed: importing any tfx.components module imports every component, TFMA, TFDV and
+    Beam among them, and doubled this step's start-up on Kubeflow."""
 
     def CheckBlessing(self, input_dict) -> bool:
         blessing = artifact_utils.get_single_instance(input_dict["model_blessing"])
