@@ -12,7 +12,7 @@ from tensorflow_metadata.proto.v0 import statistics_pb2
 from tfx.types import artifact_utils
 
 from components.base import storage
-from components.steps.step_outputs import STATISTICS_FILE
+from components.steps.step_outputs import STATISTICS_FILE, read_statistics
 
 SHOWN_VALUES = 8  # a category with more values shows its most common ones and how many there are
 _KB = 1024
@@ -63,9 +63,7 @@ def summarize(statistics) -> dict[str, Any]:
         try:
             # What TFX's stats_artifact_utils.load_statistics reads, without importing TFDV.
             path = storage.join(artifact_utils.get_split_uri([statistics], split), STATISTICS_FILE)
-            datasets = statistics_pb2.DatasetFeatureStatisticsList.FromString(
-                storage.read_bytes(path)
-            ).datasets
+            datasets = read_statistics(path).datasets
         except Exception:  # noqa: BLE001 - a missing or unreadable file: nothing to show
             continue
         if datasets:

@@ -36,12 +36,7 @@ from components.steps.baseline import (
     QUALITY_KEY,
 )
 from components.steps.prediction_samples import prediction_samples
-from components.steps.step_outputs import (  # noqa: F401 - read_verdict: evaluation's API too
-    CLASS_NAMES_KEY,
-    NOT_COMPARED_KEY,
-    VERDICT_FILE,
-    read_verdict,
-)
+from components.steps.step_outputs import CLASS_NAMES_KEY, NOT_COMPARED_KEY, VERDICT_FILE
 
 # The probability above which a client calls a row positive: BinaryAccuracy's threshold.
 SERVING_THRESHOLD = 0.5

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 
+from tensorflow_metadata.proto.v0 import statistics_pb2
+
 from components.base import storage
 
 # ExampleGen's, on the examples: the model's classes (JSON list, label-index order) when they
@@ -37,6 +39,11 @@ STATISTICS_FILE = "FeatureStats.pb"
 # what the report draws (the ROC curve and the confusion matrix at the serving threshold).
 VERDICT_FILE = "verdict.json"
 NOT_COMPARED_KEY = "not_compared"  # blessing's custom property and verdict's key: why not
+
+
+def read_statistics(path: str) -> statistics_pb2.DatasetFeatureStatisticsList:
+    """A STATISTICS_FILE (StatisticsGen's, or a span's recorded by the ExampleValidator)."""
+    return statistics_pb2.DatasetFeatureStatisticsList.FromString(storage.read_bytes(path))
 
 
 def read_verdict(blessing) -> dict:

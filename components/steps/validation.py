@@ -36,7 +36,12 @@ from components.base.config import check_run_parameters
 from components.base.errors import ActionableError
 from components.base.spans import SPAN_PREFIX
 from components.steps.baseline import serving_model_dir, serving_parameters
-from components.steps.step_outputs import DRIFT_BASELINE_SPAN_KEY, DRIFT_SPLIT, STATISTICS_FILE
+from components.steps.step_outputs import (
+    DRIFT_BASELINE_SPAN_KEY,
+    DRIFT_SPLIT,
+    STATISTICS_FILE,
+    read_statistics,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -77,10 +82,6 @@ def recorded_spans(statistics_root: str) -> dict[int, str]:
         if match:
             found[int(match.group(1))] = path
     return found
-
-
-def read_statistics(path: str) -> statistics_pb2.DatasetFeatureStatisticsList:
-    return statistics_pb2.DatasetFeatureStatisticsList.FromString(storage.read_bytes(path))
 
 
 def drift_problems(anomalies: anomalies_pb2.Anomalies) -> list[str]:

@@ -10,7 +10,6 @@ run pointed at ns-b's data stops at once naming the prefix its credentials may n
 from __future__ import annotations
 
 import json
-import os
 import secrets
 
 import boto3
@@ -50,18 +49,17 @@ def iam_store(tmp_path_factory):
     }
     path = work / "s3.json"
     path.write_text(json.dumps(config))
-    # start() points this process's AWS_ENDPOINT_URL_S3 at it: put back the session store's
-    # afterwards, or later tests on this worker would talk to a stopped store.
-    saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
-    store = EmbeddedObjectStore(work / "data", s3_config=path).start()
-    try:
-        _client(store.endpoint, keys["admin"]).create_bucket(Bucket=BUCKET)
-        yield store.endpoint, keys
-    finally:
-        store.stop()
-        for key in [k for k in os.environ if k.startswith("AWS_")]:
-            del os.environ[key]
-        os.environ.update(saved)
+    # start() points this process's AWS_ENDPOINT_URL_S3 at it: the session store's is put back
+    # afterwards (as the other tests that start a store do), or later tests on this worker would
+    # talk to a stopped store.
+    with pytest.MonkeyPatch.context() as environment:
+        environment.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+        store = EmbeddedObjectStore(work / "data", s3_config=path).start()
+        try:
+            _client(store.endpoint, keys["admin"]).create_bucket(Bucket=BUCKET)
+            yield store.endpoint, keys
+        finally:
+            store.stop()
 
 
 def _client(endpoint: str, credentials: dict[str, str]):
